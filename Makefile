@@ -1,0 +1,35 @@
+# eagle3-operator developer commands. Everything installs itself on first use
+# into ~/.cache/eagle3-operator (override with EAGLE3_CACHE), never into the repo.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTEST_ARGS ?=
+
+.PHONY: help env testbed test lint cluster demo crds
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+env: ## create the cached Python environment (torch, vLLM CPU build, kopf, ...)
+	@hack/python-env.sh >/dev/null
+
+testbed: ## build the control-plane, etcd, kwok and helm binaries (cached)
+	@hack/build-testbed.sh >/dev/null
+
+test: ## install what is missing, then run the whole test suite
+	@hack/system-deps.sh
+	@bin=$$(hack/build-testbed.sh) && venv=$$(hack/python-env.sh) && \
+	  EAGLE3_TESTBED_BIN=$$bin PATH=$$venv/bin:$$bin:$$PATH \
+	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: ## ruff check
+	@venv=$$(hack/python-env.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .
+
+crds: ## regenerate crds/ and the chart's CRDs from the API models
+	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_operator.api.crdgen
+
+cluster: ## start the local control plane with fake AMD GPU nodes; Ctrl-C stops it
+	@bin=$$(hack/build-testbed.sh) && venv=$$(hack/python-env.sh) && \
+	  EAGLE3_TESTBED_BIN=$$bin PATH=$$venv/bin:$$bin:$$PATH $$venv/bin/python -m tests.support.cluster
+
+demo: ## run the whole DraftTraining pipeline locally (tiny CPU preset)
+	@venv=$$(hack/python-env.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/eagle3 pipeline --preset tiny-cpu --workspace out/demo
