@@ -1,0 +1,54 @@
+"""Progress reports of a running stage: a local JSON file, and the pod annotation the operator reads.
+
+See docs/contracts.md ("Progress while a stage runs").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from eagle3_runtime.layout import write_json_atomic
+
+PROGRESS_ANNOTATION = "eagle3.ai/progress"
+_SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+log = logging.getLogger(__name__)
+
+
+class ProgressReporter:
+    """Throttled progress sink; `report()` is cheap enough to call every step."""
+
+    def __init__(self, stage: str, workspace: str | os.PathLike[str] | None, *, min_interval_s: float = 10.0):
+        self.stage = stage
+        self.path = Path(workspace) / "progress" / f"{stage}.json" if workspace else None
+        self.min_interval_s = min_interval_s
+        self._last_sent = 0.0
+        self._pod = (os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME"))
+
+    def report(self, *, force: bool = False, **fields: Any) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_sent < self.min_interval_s:
+            return
+        self._last_sent = now
+        record = {"stage": self.stage, **fields, "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        if self.path:
+            write_json_atomic(self.path, record)
+        if all(self._pod) and _SA_DIR.exists():
+            self._annotate_pod(record)
+
+    def _annotate_pod(self, record: dict[str, Any]) -> None:
+        # Progress is best effort: a failed patch must never fail the stage.
+        try:
+            from kubernetes import client, config
+
+            config.load_incluster_config()
+            namespace, name = self._pod
+            body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, separators=(",", ":"))}}}
+            client.CoreV1Api().patch_namespaced_pod(name, namespace, body)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not annotate pod with progress: %s", exc)
