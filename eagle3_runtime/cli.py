@@ -1,0 +1,79 @@
+"""`eagle3 <stage>`: one command per pipeline stage (docs/contracts.md).
+
+Each stage lives in `eagle3_runtime.stages.<name>` and provides
+`add_arguments(parser)` and `run(args) -> StageResult`. The CLI imports a stage
+only when it runs, so `eagle3 --help` stays fast and a stage's heavy imports
+(torch, vLLM) never load for another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import traceback
+
+from eagle3_runtime.layout import DEFAULT_RESULT_FILE, StageResult, write_result
+
+STAGES = {
+    "generate": "regenerate on-policy training data from a vLLM target server",
+    "extract": "extract target hidden states (offline shards on disk)",
+    "train": "train the EAGLE-3 draft head (TTT loss; FSDP2 under torchrun)",
+    "evaluate": "serve a checkpoint with vLLM speculative decoding and measure acceptance",
+    "select": "pick the best checkpoint by measured acceptance length",
+    "export": "write a checkpoint as a vLLM-loadable draft directory",
+    "quantize": "quantise an exported draft with AMD Quark (fp8, mxfp4)",
+    "pipeline": "run the whole pipeline on this machine (no cluster)",
+}
+
+
+def _stage_module(name: str):
+    return importlib.import_module(f"eagle3_runtime.stages.{name}")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    # Only the chosen stage's module is imported; the rest get a bare help entry.
+    chosen = next((a for a in argv if a in STAGES), None)
+    for name, help_text in STAGES.items():
+        stage_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            stage_parser.add_argument(
+                "--result-file",
+                default=None,
+                help=f"write the stage's JSON result here (in pods: {DEFAULT_RESULT_FILE})",
+            )
+            _stage_module(name).add_arguments(stage_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        result = _stage_module(args.stage).run(args)
+    except (ValueError, FileNotFoundError) as exc:
+        # Bad input: one clear line for the user and the termination message, no traceback noise.
+        print(f"eagle3 {args.stage}: error: {exc}", file=sys.stderr)
+        result = StageResult(stage=_result_stage(args.stage), ok=False, message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - report any crash through the result file, then fail
+        traceback.print_exc()
+        result = StageResult(stage=_result_stage(args.stage), ok=False, message=f"{type(exc).__name__}: {exc}")
+    write_result(result, getattr(args, "result_file", None))
+    return 0 if result.ok else 1
+
+
+def _result_stage(name: str) -> str:
+    # `pipeline` is not a pod stage; its failures are reported under the stage that broke.
+    return name if name != "pipeline" else "train"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
