@@ -62,17 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         # Bad input: one clear line for the user and the termination message, no traceback noise.
         print(f"eagle3 {args.stage}: error: {exc}", file=sys.stderr)
-        result = StageResult(stage=_result_stage(args.stage), ok=False, message=str(exc))
+        result = StageResult(stage=args.stage, ok=False, message=str(exc))
     except Exception as exc:  # noqa: BLE001 - report any crash through the result file, then fail
         traceback.print_exc()
-        result = StageResult(stage=_result_stage(args.stage), ok=False, message=f"{type(exc).__name__}: {exc}")
+        result = StageResult(stage=args.stage, ok=False, message=f"{type(exc).__name__}: {exc}")
     write_result(result, getattr(args, "result_file", None))
     return 0 if result.ok else 1
-
-
-def _result_stage(name: str) -> str:
-    # `pipeline` is not a pod stage; its failures are reported under the stage that broke.
-    return name if name != "pipeline" else "train"
 
 
 if __name__ == "__main__":
