@@ -1,0 +1,203 @@
+"""Spec and status parts shared by DraftTraining and SpecDecodeDeployment."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from eagle3_operator.api.base import (
+    FREE_FORM_OBJECT,
+    ApiModel,
+    DnsName,
+    Quantity,
+    StringMap,
+    cel,
+    section,
+)
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
+# A model is a Hugging Face id (org/name) or a path on a PVC: pvc://CLAIM/PATH.
+MODEL_PATTERN = (
+    r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^\s]+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?)$"
+)
+ModelRef = Annotated[str, Field(min_length=1, max_length=512, pattern=MODEL_PATTERN)]
+Quantization = Literal["none", "fp8", "mxfp4"]
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the object's namespace."""
+
+    name: DnsName = Field(description="Name of the Secret.")
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(
+        "HF_TOKEN", description="Key inside the Secret."
+    )
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the object's namespace."""
+
+    name: DnsName = Field(description="Name of the ConfigMap.")
+    key: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="Key inside the ConfigMap.")
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from (one of the two)."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+                    "valueFrom needs exactly one of secretKeyRef or configMapKeyRef",
+                )
+            ]
+        }
+    }
+
+    secret_key_ref: SecretKeyRef | None = Field(None, description="Take the value from a Secret key.")
+    config_map_key_ref: ConfigMapKeyRef | None = Field(
+        None, description="Take the value from a ConfigMap key."
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the vLLM container."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.value) && has(self.valueFrom))",
+                    "env entries take value or valueFrom, not both",
+                )
+            ]
+        }
+    }
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")] = Field(
+        description="Variable name."
+    )
+    value: Annotated[str, Field(max_length=4096)] | None = Field(None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(None, description="Value taken from a Secret or ConfigMap key.")
+
+
+class ResourceSpec(ApiModel):
+    """CPU/memory requests and limits added to the container (GPUs are set by `gpus`)."""
+
+    requests: StringMap = Field(
+        default_factory=dict, description="Resource requests, e.g. cpu: '8', memory: 64Gi."
+    )
+    limits: StringMap = Field(default_factory=dict, description="Resource limits, e.g. memory: 128Gi.")
+
+
+class TargetSpec(ApiModel):
+    """The target model, served by vLLM on AMD GPUs."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "self.gpus >= self.tensorParallelSize",
+                    "gpus must be at least tensorParallelSize",
+                    field_path=".gpus",
+                ),
+            ]
+        }
+    }
+
+    model: ModelRef = Field(
+        description="Hugging Face model id (org/name) or a directory on a PVC written as pvc://CLAIM/PATH."
+    )
+    revision: Annotated[str, Field(max_length=128)] | None = Field(
+        None, description="Model revision (branch, tag or commit) for Hugging Face ids."
+    )
+    quantization: Quantization = Field(
+        "none",
+        description="AMD Quark quantization of the target checkpoint (fp8 or mxfp4 checkpoints load with "
+        "quant_method quark); none for an unquantized checkpoint.",
+    )
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="vLLM tensor parallel size."
+    )
+    gpus: Annotated[int, Field(ge=1, le=64)] = Field(1, description="GPUs per vLLM pod (amd.com/gpu count).")
+    gpu_resource_name: Annotated[str, Field(max_length=128, pattern=r"^amd\.com/[A-Za-z0-9_.-]+$")] = Field(
+        "amd.com/gpu",
+        description="Extended resource that stands for one GPU; partitioned GPUs appear as amd.com/<compute>_<mem>.",
+    )
+    image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+        DEFAULT_VLLM_IMAGE, description="vLLM ROCm image that serves the target."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the vLLM container."
+    )
+    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
+        None, description="vLLM --max-model-len; vLLM's default when unset."
+    )
+    extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = Field(
+        default_factory=list, description="Extra command-line arguments appended to `vllm serve`."
+    )
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="Extra environment variables of the vLLM container.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    hf_token_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding a Hugging Face token; exposed to the pods as HF_TOKEN."
+    )
+    resources: ResourceSpec = section(ResourceSpec, "CPU and memory for the vLLM container.")
+    shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm volume.")
+
+
+class Toleration(ApiModel):
+    """A pod toleration (see the Kubernetes Toleration type)."""
+
+    key: Annotated[str, Field(max_length=316)] | None = Field(
+        None, description="Taint key; empty matches all."
+    )
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: Annotated[str, Field(max_length=63)] | None = Field(None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect; empty matches all."
+    )
+    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+
+
+class SchedulingSpec(ApiModel):
+    """Where the pods run."""
+
+    node_selector: StringMap = Field(default_factory=dict, description="Node labels the pods require.")
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="Tolerations added to the pods (GPU pods always tolerate the amd.com/gpu taint).",
+    )
+    affinity: dict[str, Any] | None = Field(
+        None, description="Pod affinity, as in a Pod spec.", json_schema_extra=FREE_FORM_OBJECT
+    )
+    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="PriorityClass of the pods."
+    )
+    queue_name: Annotated[str, Field(max_length=63)] | None = Field(
+        None, description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label on the Jobs."
+    )
+
+
+class Condition(ApiModel):
+    """A status condition, as in metav1.Condition."""
+
+    type: Annotated[str, Field(max_length=316)] = Field(description="Condition type, e.g. Ready or Trained.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: Annotated[str, Field(max_length=1024)] = Field("", description="CamelCase reason for the status.")
+    message: Annotated[str, Field(max_length=32768)] = Field("", description="Human-readable detail.")
+    observed_generation: int | None = Field(
+        None, description="metadata.generation the condition was computed from."
+    )
+    last_transition_time: str | None = Field(
+        None,
+        description="When the status last changed (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+
+
+CONDITIONS_FIELD = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]

@@ -1,0 +1,356 @@
+"""DraftTraining: trains, evaluates and exports an EAGLE-3 draft for a target model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quantity, cel, section
+from eagle3_operator.api.common import (
+    CONDITIONS_FIELD,
+    Condition,
+    Phase,
+    Quantization,
+    SchedulingSpec,
+    TargetSpec,
+)
+
+KIND = "DraftTraining"
+PLURAL = "drafttrainings"
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/eagle3-ai/eagle3-runtime:0.1.0"
+StageName = Literal["generate", "extract", "train", "evaluate", "select", "export", "quantize"]
+RelativePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^/\s][^\s]*$")]
+
+
+class RuntimeSpec(ApiModel):
+    """The image and identity of the stage pods (`eagle3 <stage>`)."""
+
+    image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+        DEFAULT_RUNTIME_IMAGE, description="eagle3 runtime image that runs every stage."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the stage pods."
+    )
+    service_account_name: DnsName | None = Field(
+        None,
+        description="ServiceAccount of the stage pods (needs to patch its own pod for progress reports).",
+    )
+    backoff_limit: Annotated[int, Field(ge=0, le=10)] = Field(
+        2, description="Retries of a failed stage pod before the stage, and the training, fail."
+    )
+
+
+class DataSource(ApiModel):
+    """A dataset directory or JSONL file on a PVC, whose prompts the target answers."""
+
+    claim_name: DnsName = Field(description="PVC holding the dataset; mounted read-only.")
+    path: RelativePath = Field(description="Path of the JSONL file or dataset directory inside the PVC.")
+    mode: Literal["chat", "completion"] = Field(
+        "chat",
+        description="chat: /v1/chat/completions with the chat template; completion: raw /v1/completions.",
+    )
+    weight: Annotated[float, Field(gt=0, le=1000)] = Field(1.0, description="Relative share of the samples.")
+    prompt_field: Annotated[str, Field(max_length=128)] | None = Field(
+        None, description="Field holding the prompt (completion mode)."
+    )
+    messages_field: Annotated[str, Field(max_length=128)] | None = Field(
+        None, description="Field holding the conversation (chat mode)."
+    )
+
+
+class DataSpec(ApiModel):
+    """Data generation: the target answers the prompts, so the draft learns the target's own outputs."""
+
+    sources: Annotated[list[DataSource], Field(min_length=1, max_length=16)] = Field(
+        description="Prompt sources (at least one)."
+    )
+    num_samples: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        5000, description="Conversations to generate."
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=131072)] = Field(1024, description="Max new tokens per answer.")
+    temperature: Annotated[float, Field(ge=0, le=2)] = Field(0.7, description="Sampling temperature.")
+    top_p: Annotated[float, Field(gt=0, le=1)] = Field(0.95, description="Nucleus sampling top-p.")
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = Field(
+        64, description="Concurrent requests to the target."
+    )
+    seed: Annotated[int, Field(ge=0)] = Field(0, description="Seed for sampling and shuffling.")
+    on_bad_row: Literal["skip", "fail"] = Field("skip", description="What to do with a malformed source row.")
+
+
+class HiddenStatesSpec(ApiModel):
+    """How the trainer gets the target's hidden states."""
+
+    mode: Literal["offline", "online", "streaming"] = Field(
+        "offline",
+        description="offline: an extraction Job writes them to the workspace; online: the trainer runs the "
+        "target itself; streaming: the trainer reads them from the target vLLM server.",
+    )
+    layer_ids: (
+        Annotated[list[Annotated[int, Field(ge=0, le=1024)]], Field(min_length=3, max_length=3)] | None
+    ) = Field(
+        None,
+        description="Three distinct target layer ids (low, mid, high) whose input states feed the draft; "
+        "chosen from the target's depth when unset.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class DraftSpec(ApiModel):
+    """The draft model's shape."""
+
+    vocab_size: Annotated[int, Field(ge=256, le=1_048_576)] = Field(
+        32000, description="Draft vocabulary: the most frequent target tokens of the generated answers."
+    )
+
+
+class TrainingSpec(ApiModel):
+    """Training (FSDP2 over nodes x GPUs per node)."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "self.checkpointEvery <= self.steps",
+                    "checkpointEvery must not exceed steps",
+                    field_path=".checkpointEvery",
+                )
+            ]
+        }
+    }
+
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] = Field(2000, description="Optimizer steps.")
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(1e-4, description="Peak learning rate.")
+    batch_tokens: Annotated[int, Field(ge=64, le=16_777_216)] = Field(16384, description="Tokens per step.")
+    ttt_steps: Annotated[int, Field(ge=1, le=16)] = Field(
+        3, description="Training-time-test unroll depth (speculative steps simulated per position)."
+    )
+    loss_decay: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.8, description="Loss weight decay per TTT step."
+    )
+    nodes: Annotated[int, Field(ge=1, le=128)] = Field(1, description="Trainer pods (torchrun nodes).")
+    gpus_per_node: Annotated[int, Field(ge=1, le=16)] = Field(1, description="GPUs per trainer pod.")
+    checkpoint_every: Annotated[int, Field(ge=1)] = Field(500, description="Save a checkpoint every N steps.")
+    seed: Annotated[int, Field(ge=0)] = Field(0, description="Training seed.")
+    resources: dict[str, Any] | None = Field(
+        None,
+        description="Extra CPU/memory requests and limits of a trainer pod ({requests: {...}, limits: {...}}).",
+        json_schema_extra=FREE_FORM_OBJECT,
+    )
+
+
+class DatasetRef(ApiModel):
+    """A file on a PVC."""
+
+    claim_name: DnsName = Field(description="PVC holding the file; mounted read-only.")
+    path: RelativePath = Field(description="Path inside the PVC.")
+
+
+class EvaluationSpec(ApiModel):
+    """Measured acceptance of checkpoints with real speculative decoding."""
+
+    every_checkpoints: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1, description="Evaluate every Nth checkpoint (the last one always)."
+    )
+    prompts: DatasetRef | None = Field(
+        None, description="Evaluation prompts (JSONL); the first data source when unset."
+    )
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
+        3, description="Speculative tokens per step during evaluation."
+    )
+    min_acceptance_length: Annotated[float, Field(ge=1, le=17)] | None = Field(
+        None, description="Fail the training when the best measured mean acceptance length is below this."
+    )
+
+
+class ExportSpec(ApiModel):
+    """Where the selected draft goes."""
+
+    claim_name: DnsName | None = Field(
+        None, description="Destination PVC; the workspace PVC when unset (then under export/)."
+    )
+    path: RelativePath | None = Field(
+        None, description="Directory inside the destination PVC; defaults to the DraftTraining's name."
+    )
+    format: Literal["eagle3", "speculators"] = Field(
+        "eagle3", description="eagle3: plain vLLM eagle3 checkpoint; speculators: speculators format."
+    )
+    quantize: Quantization = Field("none", description="Quantize the exported draft with AMD Quark.")
+
+
+class StorageSpec(ApiModel):
+    """The workspace volume shared by all stages."""
+
+    size: Quantity = Field("100Gi", description="Workspace PVC size.")
+    storage_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="StorageClass of the workspace PVC; the cluster default when unset."
+    )
+    access_modes: Annotated[
+        list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]], Field(min_length=1, max_length=3)
+    ] = Field(default_factory=lambda: ["ReadWriteOnce"], description="Access modes of the workspace PVC.")
+    existing_claim: DnsName | None = Field(
+        None, description="Use this existing PVC as the workspace instead of creating one."
+    )
+    retain_on_delete: bool = Field(
+        True,
+        description="Keep the workspace PVC (and drafts exported to it) when the DraftTraining is deleted.",
+    )
+
+
+class DraftTrainingSpec(ApiModel):
+    """What to train: every stage of the pipeline, from data generation to export."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "self.training.nodes == 1 || has(self.storage.existingClaim) || "
+                    "self.storage.accessModes.exists(m, m == 'ReadWriteMany')",
+                    "storage.accessModes must include ReadWriteMany when training.nodes > 1",
+                    field_path=".storage.accessModes",
+                ),
+                cel(
+                    "!has(self.export.path) || has(self.export.claimName)",
+                    "export.path needs export.claimName",
+                    field_path=".export.path",
+                ),
+            ]
+        }
+    }
+
+    target: TargetSpec = Field(description="The target model; immutable while the training runs.")
+    runtime: RuntimeSpec = section(RuntimeSpec, "Image and settings of the stage pods.")
+    data: DataSpec = Field(description="Data generation.")
+    hidden_states: HiddenStatesSpec = section(HiddenStatesSpec, "Hidden-state source for training.")
+    draft: DraftSpec = section(DraftSpec, "Draft model shape.")
+    training: TrainingSpec = section(TrainingSpec, "Training settings.")
+    evaluation: EvaluationSpec = section(EvaluationSpec, "Checkpoint evaluation and selection.")
+    export: ExportSpec = section(ExportSpec, "Export of the best checkpoint.")
+    scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of all pods.")
+    storage: StorageSpec = section(StorageSpec, "Workspace volume.")
+
+
+class StageStatus(ApiModel):
+    """One pipeline stage."""
+
+    name: StageName = Field(description="Stage name.")
+    state: Literal["Pending", "Running", "Succeeded", "Failed"] = Field(description="Stage state.")
+    attempt: int = Field(
+        0, description="Retry round; bumped when a failed training is retried by a spec edit."
+    )
+    jobs: list[str] = Field(default_factory=list, description="Jobs of this stage.")
+    start_time: str | None = Field(
+        None, description="When the stage started.", json_schema_extra={"format": "date-time"}
+    )
+    completion_time: str | None = Field(
+        None, description="When the stage ended.", json_schema_extra={"format": "date-time"}
+    )
+    message: str = Field("", description="Outcome or failure reason.")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict, description="The stage's result metrics.", json_schema_extra=FREE_FORM_OBJECT
+    )
+
+
+class Progress(ApiModel):
+    """The latest progress record of the running stage (the pods' eagle3.ai/progress annotation)."""
+
+    stage: str = Field(description="Stage reporting.")
+    step: int | None = Field(None, description="Training step (or evaluation item).")
+    total_steps: int | None = Field(None, description="Total steps.")
+    loss: float | None = Field(None, description="Latest training loss.")
+    accuracy_per_position: list[float] | None = Field(
+        None, description="Draft top-1 accuracy per TTT position."
+    )
+    samples: int | None = Field(None, description="Samples generated or extracted so far.")
+    eta_seconds: float | None = Field(None, description="Estimated seconds left in the stage.")
+    updated_at: str | None = Field(None, description="When the record was written.")
+
+
+class CheckpointEvaluation(ApiModel):
+    """Measured speculative decoding of one checkpoint."""
+
+    step: int = Field(description="Checkpoint step.")
+    acceptance_length: float | None = Field(None, description="Mean acceptance length (1 + accepted/drafts).")
+    acceptance_per_position: list[float] = Field(
+        default_factory=list, description="Acceptance rate per speculative position."
+    )
+    tokens_per_second: float | None = Field(None, description="Generation throughput with the draft.")
+    speedup: float | None = Field(None, description="Throughput relative to the target alone.")
+
+
+class BestCheckpoint(ApiModel):
+    """The selected checkpoint."""
+
+    step: int = Field(description="Checkpoint step.")
+    acceptance_length: float | None = Field(None, description="Its measured mean acceptance length.")
+
+
+class ExportedDraft(ApiModel):
+    """The exported draft, loadable by vLLM (method eagle3)."""
+
+    claim_name: str = Field(description="PVC holding the draft.")
+    path: str = Field(description="Directory inside the PVC.")
+    uri: str = Field(description="pvc://CLAIM/PATH, usable as a SpecDecodeDeployment draft.model.")
+    format: str = Field(description="Checkpoint format.")
+    quantization: str = Field(description="Draft quantization.")
+
+
+class DraftTrainingStatus(ApiModel):
+    """Observed state of the pipeline."""
+
+    phase: Phase | None = Field(None, description="Pending, Running, Succeeded or Failed.")
+    stage: str | None = Field(None, description="The stage running now (or the one that failed).")
+    observed_generation: int | None = Field(None, description="Latest metadata.generation acted upon.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="One condition per stage, plus TargetReady, Failed and Ready.",
+        json_schema_extra=CONDITIONS_FIELD,
+    )
+    stages: list[StageStatus] = Field(
+        default_factory=list,
+        description="Per-stage state and results.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    progress: Progress | None = Field(None, description="Latest progress of the running stage.")
+    checkpoints: list[CheckpointEvaluation] = Field(
+        default_factory=list, description="Evaluated checkpoints."
+    )
+    best_checkpoint: BestCheckpoint | None = Field(None, description="The checkpoint selected for export.")
+    export: ExportedDraft | None = Field(None, description="The exported draft.")
+    workspace_claim: str | None = Field(None, description="The workspace PVC.")
+    start_time: str | None = Field(
+        None, description="When the pipeline started.", json_schema_extra={"format": "date-time"}
+    )
+    completion_time: str | None = Field(
+        None, description="When the pipeline ended.", json_schema_extra={"format": "date-time"}
+    )
+
+
+class DraftTraining(ApiModel):
+    """Trains an EAGLE-3 draft for a target model with the target's own outputs, measures it, exports it."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "size(self.metadata.name) <= 40",
+                    "metadata.name must be at most 40 characters (child Job names derive from it)",
+                    reason="FieldValueTooLong",
+                ),
+                cel(
+                    "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Running' "
+                    "|| self.spec.target == oldSelf.spec.target",
+                    "spec.target is immutable while the training is Running; wait until it ends or create "
+                    "a new DraftTraining",
+                    field_path=".spec.target",
+                    reason="FieldValueForbidden",
+                ),
+            ]
+        }
+    }
+
+    api_version: str = Field(description="eagle3.ai/v1alpha1")
+    kind: str = Field(description="DraftTraining")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: DraftTrainingSpec = Field(description="Desired pipeline.")
+    status: DraftTrainingStatus = Field(default_factory=DraftTrainingStatus, description="Observed pipeline.")

@@ -1,0 +1,127 @@
+"""SpecDecodeDeployment: a vLLM service of a target model with an EAGLE-3 draft."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from eagle3_operator.api.base import ApiModel, DnsName, StringMap, cel, section
+from eagle3_operator.api.common import CONDITIONS_FIELD, Condition, ModelRef, SchedulingSpec, TargetSpec
+
+KIND = "SpecDecodeDeployment"
+PLURAL = "specdecodedeployments"
+
+
+class DraftSource(ApiModel):
+    """The draft: a model id/path, or the exported draft of a DraftTraining (exactly one)."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.model) != has(self.fromDraftTraining)",
+                    "set exactly one of draft.model or draft.fromDraftTraining",
+                )
+            ]
+        }
+    }
+
+    model: ModelRef | None = Field(
+        None, description="Draft checkpoint: Hugging Face id or pvc://CLAIM/PATH (vLLM eagle3 format)."
+    )
+    revision: Annotated[str, Field(max_length=128)] | None = Field(
+        None, description="Draft revision for Hugging Face ids."
+    )
+    from_draft_training: DnsName | None = Field(
+        None,
+        description="Name of a DraftTraining in this namespace; its exported draft is used once it succeeds.",
+    )
+
+
+class ServiceSpec(ApiModel):
+    """The Service in front of the vLLM pods."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(8000, description="Service port (OpenAI API).")
+    annotations: StringMap = Field(default_factory=dict, description="Annotations of the Service.")
+
+
+class MonitoringSpec(ApiModel):
+    """Prometheus Operator objects for vLLM's /metrics (made only when their CRDs exist)."""
+
+    service_monitor: bool = Field(True, description="Create a ServiceMonitor.")
+    pod_monitor: bool = Field(False, description="Create a PodMonitor.")
+    interval: Annotated[str, Field(max_length=16, pattern=r"^[0-9]+(ms|s|m|h)$")] = Field(
+        "30s", description="Scrape interval."
+    )
+    additional_labels: StringMap = Field(
+        default_factory=dict, description="Labels for the monitors (e.g. release: kube-prometheus-stack)."
+    )
+
+
+class SpecDecodeDeploymentSpec(ApiModel):
+    """A vLLM Deployment that serves the target with speculative decoding by an EAGLE-3 draft."""
+
+    target: TargetSpec = Field(description="The target model and its vLLM pods.")
+    draft: DraftSource = Field(description="The EAGLE-3 draft.")
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
+        3, description="Tokens the draft proposes per step (vLLM num_speculative_tokens)."
+    )
+    replicas: Annotated[int, Field(ge=0, le=1000)] = Field(
+        1, description="vLLM pods; the scale subresource (HPA, KEDA, kubectl scale) sets this."
+    )
+    served_model_name: Annotated[str, Field(max_length=256)] | None = Field(
+        None, description="Model name in the OpenAI API; the target model when unset."
+    )
+    service: ServiceSpec = section(ServiceSpec, "The Service.")
+    scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of the vLLM pods.")
+    monitoring: MonitoringSpec = section(MonitoringSpec, "ServiceMonitor / PodMonitor toggles.")
+
+
+class ResolvedDraft(ApiModel):
+    """The draft the vLLM pods load."""
+
+    model: str = Field(description="What vLLM loads: a Hugging Face id or a path inside the pod.")
+    source: str = Field(description="Where it came from (the spec's model, or DraftTraining/NAME).")
+    acceptance_length: float | None = Field(None, description="Measured acceptance length, when known.")
+
+
+class SpecDecodeDeploymentStatus(ApiModel):
+    """Observed state of the service."""
+
+    observed_generation: int | None = Field(None, description="Latest metadata.generation acted upon.")
+    replicas: int | None = Field(None, description="vLLM pods (scale subresource statusReplicasPath).")
+    ready_replicas: int | None = Field(None, description="vLLM pods ready to serve.")
+    selector: str | None = Field(None, description="Label selector of the pods (scale subresource).")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Available, Progressing and DraftResolved.",
+        json_schema_extra=CONDITIONS_FIELD,
+    )
+    resolved_draft: ResolvedDraft | None = Field(None, description="The draft in use.")
+    endpoint: str | None = Field(None, description="OpenAI-compatible base URL inside the cluster.")
+
+
+class SpecDecodeDeployment(ApiModel):
+    """Serves a target model with vLLM and an EAGLE-3 draft on AMD GPUs."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "size(self.metadata.name) <= 50",
+                    "metadata.name must be at most 50 characters (child names derive from it)",
+                    reason="FieldValueTooLong",
+                ),
+            ]
+        }
+    }
+
+    api_version: str = Field(description="eagle3.ai/v1alpha1")
+    kind: str = Field(description="SpecDecodeDeployment")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: SpecDecodeDeploymentSpec = Field(description="Desired service.")
+    status: SpecDecodeDeploymentStatus = Field(
+        default_factory=SpecDecodeDeploymentStatus, description="Observed service."
+    )
