@@ -1,0 +1,133 @@
+"""The EAGLE-3 draft head, module for module as vLLM's `llama_eagle3.py` runs it.
+
+Parameter names are those of the plain vLLM checkpoint (`fc`, `midlayer.*`, `norm`,
+`lm_head`), so a state dict minus `embed_tokens` is the exported weight file.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from eagle3_runtime.model.attention import TTTAttention
+from eagle3_runtime.model.config import NUM_AUX_LAYERS
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            d,
+        )
+        # Inputs are cat(input_layernorm(embed), hidden_norm(hidden)): 2H wide.
+        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: TTTAttention
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        out = attend(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    """The single decoder layer; returns the pre-norm output that the next step reads."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.mlp = MLP(config)
+
+    def forward(self, embeds, hidden, cos, sin, attend: TTTAttention) -> torch.Tensor:
+        residual = hidden  # vLLM's default: the residual is the hidden state *before* hidden_norm
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = self.self_attn(x, cos, sin, attend) + residual
+        return self.mlp(self.post_attention_layernorm(hidden)) + hidden
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        target_h = getattr(config, "target_hidden_size", None) or h
+        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+        self.fc = nn.Linear(NUM_AUX_LAYERS * target_h, h, bias=False)
+        self.midlayer = MidLayer(config)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint stores: everything but the target's embeddings."""
+        return {
+            k: v for k, v in self.state_dict().items() if not k.startswith(("embed_tokens.", "rotary_emb."))
+        }
+
+    def combine_hidden_states(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
+        """[.., 3*H_target] -> [.., H]: the step-0 hidden input."""
+        return self.fc(aux_hidden_states)
+
+    def step(self, input_ids, hidden, positions, attend: TTTAttention) -> torch.Tensor:
+        """One speculative step over every slot: returns the pre-norm hidden output."""
+        with torch.no_grad():
+            embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        cos, sin = self.rotary_emb(hidden, positions)
+        return self.midlayer(embeds, hidden, cos, sin, attend)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+
+def init_weights(model: Eagle3Draft, seed: int) -> None:
+    """Deterministic init (std 0.02 linears, unit norms), independent of the process count."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith("embed_tokens"):
+                continue
+            if name.endswith("norm.weight") or "layernorm" in name:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)

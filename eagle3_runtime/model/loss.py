@@ -1,0 +1,150 @@
+"""Training-time-test unroll, the distillation loss, and per-position metrics.
+
+Alignment (slot t of a packed row, step i = 0..k-1), as vLLM runs the draft:
+  - step 0 reads the target's aux states at t (through fc) and the token at t+1;
+    step i > 0 reads its own step i-1 output at t and the ground-truth token at t+1+i;
+  - step i runs at position pos(t) + i and is trained against the target's
+    distribution at t+1+i (restricted to the draft vocabulary and renormalised);
+  - a slot counts for step i only if t+1+i is in the same document, the token the
+    target predicts there is loss-masked (`predict_mask`), and the target's top-1 there
+    is inside the draft vocabulary.
+Loss = sum_i decay**i * mean over counted slots of KL(target || draft).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eagle3_runtime.model.attention import TTTAttention
+from eagle3_runtime.model.draft import Eagle3Draft
+
+
+@dataclass
+class TTTBatch:
+    input_ids: torch.Tensor  # [B, T] int64
+    aux_hidden_states: torch.Tensor  # [B, T, 3*H_target]
+    target_logits: torch.Tensor  # [B, T, V] the target's logits (full vocabulary), no grad
+    predict_mask: torch.Tensor  # [B, T] bool: the target's prediction at t is a training target
+    document_ids: torch.Tensor  # [B, T] int64, -1 for padding
+    positions: torch.Tensor  # [B, T] int64, position within the document
+
+
+@dataclass
+class TTTStats:
+    """Per-step sums (tensors of shape [k]); sum them over ranks, then read the ratios."""
+
+    kl_sum: torch.Tensor
+    count: torch.Tensor
+    correct: torch.Tensor
+    conditional_correct: torch.Tensor
+    conditional_count: torch.Tensor
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.stack(
+            [self.kl_sum, self.count, self.correct, self.conditional_correct, self.conditional_count]
+        )
+
+    @classmethod
+    def from_tensor(cls, stacked: torch.Tensor) -> TTTStats:
+        return cls(*stacked.unbind(0))
+
+    def summary(self, decay: float) -> dict[str, float | list[float]]:
+        count = self.count.clamp(min=1)
+        kl = (self.kl_sum / count).tolist()
+        accuracy = (self.correct / count).tolist()
+        conditional = (self.conditional_correct / self.conditional_count.clamp(min=1)).tolist()
+        return {
+            "loss": sum(decay**i * v for i, v in enumerate(kl)),
+            "loss_per_position": kl,
+            "accuracy_per_position": accuracy,
+            "conditional_accuracy_per_position": conditional,
+            "simulated_acceptance_length": simulated_acceptance_length(conditional),
+        }
+
+
+def simulated_acceptance_length(conditional_accuracy: list[float]) -> float:
+    """1 + sum_i prod_{j<=i} acc_j: expected tokens per verification step, as vLLM counts
+    it (the verified bonus token plus the accepted draft tokens)."""
+    total, running = 1.0, 1.0
+    for acc in conditional_accuracy:
+        running *= acc
+        total += running
+    return total
+
+
+def _shift_left(x: torch.Tensor, shift: int, fill) -> torch.Tensor:
+    pad = x.new_full((x.shape[0], shift, *x.shape[2:]), fill)
+    return torch.cat([x[:, shift:], pad], dim=1)
+
+
+def step_masks(batch: TTTBatch, in_draft_vocab: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """[B, T] bool per step: which slots count for that step's loss and metrics."""
+    trainable = batch.predict_mask & in_draft_vocab
+    masks = []
+    for i in range(steps):
+        shift = 1 + i
+        same_document = _shift_left(batch.document_ids, shift, -2) == batch.document_ids
+        masks.append(_shift_left(trainable, shift, False) & same_document)
+    return masks
+
+
+def soft_kl(logits: torch.Tensor, target_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-row KL(target || softmax(logits)), in float32."""
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    return (target_log_probs.exp() * (target_log_probs - log_q)).sum(-1)
+
+
+def ttt_loss(
+    draft: Eagle3Draft,
+    batch: TTTBatch,
+    *,
+    steps: int,
+    decay: float,
+    draft_ids: torch.Tensor | None,
+    attention_backend: str = "eager",
+    reduce_counts: Callable[[torch.Tensor], torch.Tensor] = lambda counts: counts,
+    kl: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = soft_kl,
+) -> tuple[torch.Tensor, TTTStats]:
+    """Loss of one batch, normalised by the counted slots of all ranks (`reduce_counts`).
+
+    `draft_ids`: target ids of the draft vocabulary (None when it is the whole vocabulary).
+    """
+    with torch.no_grad():
+        full = batch.target_logits
+        in_draft = draft.t2d[full.argmax(-1)]
+        restricted = full if draft_ids is None else full.index_select(-1, draft_ids)
+        target_log_probs = F.log_softmax(restricted.float(), dim=-1)
+        target_choice = restricted.argmax(-1)
+        masks = step_masks(batch, in_draft, steps)
+        global_counts = reduce_counts(torch.stack([m.sum() for m in masks]).to(torch.float32))
+
+    attend = TTTAttention(batch.document_ids, backend=attention_backend)
+    hidden = draft.combine_hidden_states(batch.aux_hidden_states)
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    stats = {name: [] for name in ("kl_sum", "count", "correct", "conditional_correct", "conditional_count")}
+    still_correct = torch.ones_like(batch.predict_mask)
+    for i in range(steps):
+        shift = 1 + i
+        input_ids = _shift_left(batch.input_ids, shift, 0)
+        hidden = draft.step(input_ids, hidden, batch.positions + i, attend)
+        mask = masks[i]
+        # Only counted slots go through lm_head and the loss.
+        logits = draft.logits(hidden[mask])
+        targets = _shift_left(target_log_probs, shift, 0.0)[mask]
+        row_kl = kl(logits, targets)
+        loss = loss + decay**i * row_kl.sum() / global_counts[i].clamp(min=1)
+        with torch.no_grad():
+            correct = torch.zeros_like(mask)
+            correct[mask] = logits.argmax(-1) == _shift_left(target_choice, shift, 0)[mask]
+            conditional = mask & still_correct
+            stats["kl_sum"].append(row_kl.detach().sum().float())
+            stats["count"].append(mask.sum().float())
+            stats["correct"].append(correct.sum().float())
+            stats["conditional_correct"].append((conditional & correct).sum().float())
+            stats["conditional_count"].append(conditional.sum().float())
+            still_correct = still_correct & correct
+    return loss, TTTStats(**{k: torch.stack(v) for k, v in stats.items()})

@@ -1,0 +1,273 @@
+"""Draft model, vocabulary mapping, TTT attention and loss against small hand-computed cases."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from eagle3_runtime.model.attention import TTTAttention
+from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
+from eagle3_runtime.model.draft import Eagle3Draft, init_weights
+from eagle3_runtime.model.loss import TTTBatch, simulated_acceptance_length, soft_kl, step_masks, ttt_loss
+from eagle3_runtime.model.vocab import DraftVocab, build_draft_vocab, count_tokens
+
+
+def tiny_target_config(**overrides) -> LlamaConfig:
+    fields = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=4,
+        vocab_size=50,
+        max_position_embeddings=256,
+    )
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def tiny_draft(draft_vocab_size=20, seed=0) -> Eagle3Draft:
+    config = draft_config_from_target(
+        tiny_target_config(), layer_ids="auto", draft_vocab_size=draft_vocab_size
+    )
+    draft = Eagle3Draft(config)
+    init_weights(draft, seed)
+    with torch.no_grad():
+        draft.embed_tokens.weight.normal_(generator=torch.Generator().manual_seed(seed + 1))
+    return draft
+
+
+# --- layer ids and config -------------------------------------------------------------------
+
+
+def test_layer_ids_auto_is_vllm_default_when_distinct_and_spread_when_not():
+    assert resolve_layer_ids("auto", 32) == [2, 16, 29]
+    assert resolve_layer_ids("auto", 4) == [1, 2, 3]  # vLLM's default would be 2, 2, 1
+    assert resolve_layer_ids("3,1,2", 4) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("spec", ["1,1,2", "1,2", "0,2,4", "a,b,c"])
+def test_bad_layer_ids_are_refused(spec):
+    with pytest.raises(ValueError):
+        resolve_layer_ids(spec, 4)
+
+
+def test_draft_config_carries_the_fields_vllm_reads():
+    config = draft_config_from_target(tiny_target_config(), layer_ids="auto", draft_vocab_size=20)
+    assert config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
+    assert (config.vocab_size, config.draft_vocab_size, config.num_hidden_layers) == (50, 20, 1)
+    with pytest.raises(ValueError, match="larger than the target"):
+        draft_config_from_target(tiny_target_config(), layer_ids="auto", draft_vocab_size=51)
+
+
+def test_parameter_names_are_the_vllm_checkpoint_names():
+    names = set(tiny_draft().trainable_state_dict())
+    expected = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
+        f"midlayer.{n}.weight"
+        for n in [
+            "hidden_norm",
+            "input_layernorm",
+            "post_attention_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ]
+    }
+    assert names == expected
+    draft = tiny_draft()
+    assert draft.midlayer.self_attn.q_proj.in_features == 64 and draft.fc.in_features == 96
+    assert not draft.embed_tokens.weight.requires_grad
+
+
+# --- vocabulary -----------------------------------------------------------------------------
+
+
+def test_draft_vocab_counts_only_loss_masked_tokens_and_maps_ids():
+    ids = torch.tensor([7, 7, 7, 3, 3, 5, 5, 5, 5, 1])
+    mask = torch.tensor([1, 1, 1, 1, 1, 0, 0, 0, 0, 1], dtype=torch.bool)  # the 5s are prompt tokens
+    counts = count_tokens([(ids, mask)], 8)
+    assert counts.tolist() == [0, 1, 0, 2, 0, 0, 0, 3]
+    vocab = build_draft_vocab(counts, 3)
+    assert vocab.used_ids.tolist() == [1, 3, 7]  # top 3 by count, sorted by id
+    assert vocab.d2t.tolist() == [1, 2, 5]  # target = draft + d2t[draft]
+    assert vocab.t2d.tolist() == [False, True, False, True, False, False, False, True]
+    assert DraftVocab.from_d2t(vocab.d2t, 8).used_ids.tolist() == [1, 3, 7]
+
+
+def test_draft_vocab_ties_go_to_lower_ids_and_bad_sizes_fail():
+    counts = torch.tensor([0, 2, 2, 2, 1])
+    assert build_draft_vocab(counts, 2).used_ids.tolist() == [1, 2]
+    assert build_draft_vocab(counts, 5).is_full
+    with pytest.raises(ValueError, match="larger than the target"):
+        build_draft_vocab(counts, 6)
+    with pytest.raises(ValueError, match="empty"):
+        build_draft_vocab(torch.zeros(5, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="outside the target vocabulary"):
+        count_tokens([(torch.tensor([9]), torch.tensor([True]))], 5)
+
+
+# --- TTT attention pattern ------------------------------------------------------------------
+
+DOCS = torch.tensor([[0, 0, 0, 1, 1, 1, 1, -1]])
+
+
+def attended_sets(backend: str, steps: int = 3) -> list[torch.Tensor]:
+    """With zero queries every allowed key gets the same weight; one-hot values reveal which."""
+    t, d = DOCS.shape[1], 32
+    attend = TTTAttention(DOCS, backend=backend)
+    weights = []
+    for step in range(steps):
+        q = torch.zeros(1, 2, t, d)
+        k = torch.randn(1, 1, t, d)
+        v = torch.zeros(1, 1, t, d)
+        v[0, 0, torch.arange(t), step * t + torch.arange(t)] = 1.0  # key (step, slot) -> column step*T+slot
+        out = attend(q, k, v)
+        weights.append(out[0, 0, :, : steps * t])
+    return weights
+
+
+def expected_pattern(step: int, steps: int = 3) -> torch.Tensor:
+    t = DOCS.shape[1]
+    allowed = torch.zeros(t, steps * t, dtype=torch.bool)
+    for q in range(t):
+        for s in range(q + 1):
+            allowed[q, s] = DOCS[0, s] == DOCS[0, q]  # step-0 keys: causal within the document
+        for j in range(1, step + 1):
+            allowed[q, j * t + q] = True  # the diagonal of every earlier step, and this one
+    return allowed.float() / allowed.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "flex"])
+def test_ttt_attention_pattern(backend):
+    for step, got in enumerate(attended_sets(backend)):
+        torch.testing.assert_close(got, expected_pattern(step), atol=1e-5, rtol=0)
+
+
+def test_flex_and_eager_agree_on_random_inputs():
+    torch.manual_seed(0)
+    docs = torch.tensor([[0] * 50 + [1] * 60 + [2] * 18, [0] * 128])
+    eager, flex = TTTAttention(docs, backend="eager"), TTTAttention(docs, backend="flex")
+    for _ in range(3):
+        q, k, v = torch.randn(2, 4, 128, 16), torch.randn(2, 2, 128, 16), torch.randn(2, 2, 128, 16)
+        torch.testing.assert_close(flex(q, k, v), eager(q, k, v), atol=1e-4, rtol=1e-4)
+
+
+def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache():
+    """TTT at slot t == the draft run as vLLM runs it: a prefill over slots 0..t fed by the
+    target, then one token per step at positions t+1, t+2 attending to the cache."""
+
+    class KVCacheAttention:
+        def __init__(self):
+            self.k, self.v = None, None
+
+        def __call__(self, q, k, v):
+            first = self.k is None
+            self.k = k if first else torch.cat([self.k, k], 2)
+            self.v = v if first else torch.cat([self.v, v], 2)
+            groups = q.shape[1] // k.shape[1]
+            kk, vv = self.k.repeat_interleave(groups, 1), self.v.repeat_interleave(groups, 1)
+            return F.scaled_dot_product_attention(q, kk, vv, is_causal=first)
+
+    torch.manual_seed(1)
+    draft = tiny_draft()
+    t_len, steps = 12, 3
+    ids = torch.randint(0, 50, (1, t_len))
+    aux = torch.randn(1, t_len, 96)
+    docs, positions = torch.zeros(1, t_len, dtype=torch.long), torch.arange(t_len)[None]
+
+    attend = TTTAttention(docs)
+    hidden = draft.combine_hidden_states(aux)
+    ttt_outputs = []
+    for i in range(steps):
+        shifted = torch.cat([ids[:, 1 + i :], ids.new_zeros(1, 1 + i)], 1)
+        hidden = draft.step(shifted, hidden, positions + i, attend)
+        ttt_outputs.append(hidden)
+
+    for slot in [0, 4, 7]:
+        cache = KVCacheAttention()
+        h = draft.step(
+            ids[:, 1 : slot + 2],
+            draft.combine_hidden_states(aux[:, : slot + 1]),
+            positions[:, : slot + 1],
+            cache,
+        )
+        torch.testing.assert_close(h[:, slot], ttt_outputs[0][:, slot], atol=1e-5, rtol=1e-4)
+        h = h[:, -1:]
+        for i in range(1, steps):
+            h = draft.step(ids[:, slot + 1 + i : slot + 2 + i], h, torch.tensor([[slot + i]]), cache)
+            torch.testing.assert_close(h[:, 0], ttt_outputs[i][:, slot], atol=1e-5, rtol=1e-4)
+
+
+# --- loss and metrics -----------------------------------------------------------------------
+
+
+def test_soft_kl_hand_computed():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # draft q = (1/4, 3/4)
+    target = torch.log(torch.tensor([[0.5, 0.5]]))
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert soft_kl(logits, target).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_simulated_acceptance_length():
+    assert simulated_acceptance_length([0.8, 0.5, 0.5]) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+
+
+def test_step_masks_shift_within_documents():
+    batch = TTTBatch(
+        input_ids=torch.zeros(1, 8, dtype=torch.long),
+        aux_hidden_states=torch.zeros(1, 8, 3),
+        target_logits=torch.zeros(1, 8, 4),
+        predict_mask=torch.tensor([[1, 1, 1, 1, 0, 1, 1, 0]], dtype=torch.bool),
+        document_ids=torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1]]),
+        positions=torch.zeros(1, 8, dtype=torch.long),
+    )
+    in_vocab = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    m0, m1 = step_masks(batch, in_vocab, 2)
+    # step i at slot t trains on the target at t+1+i: same document, predictable, in vocabulary
+    assert m0.int().tolist() == [[1, 0, 1, 0, 0, 1, 0, 0]]
+    assert m1.int().tolist() == [[0, 1, 0, 0, 0, 0, 0, 0]]
+
+
+def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
+    """lm_head = 0 makes the draft uniform: KL = log(N) - H(p) at every counted slot."""
+    torch.manual_seed(2)
+    vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)  # draft ids = target ids 0..19
+    draft = tiny_draft()
+    draft.d2t.copy_(vocab.d2t)
+    draft.t2d.copy_(vocab.t2d)
+    with torch.no_grad():
+        draft.lm_head.weight.zero_()
+    t_len = 10
+    target_logits = torch.randn(1, t_len, 50) * 3
+    target_logits[..., 20:] -= 20.0  # the target's top-1 is inside the draft vocabulary...
+    target_logits[0, 6, 45] = 100.0  # ...except at index 6: excluded
+    batch = TTTBatch(
+        input_ids=torch.randint(0, 50, (1, t_len)),
+        aux_hidden_states=torch.randn(1, t_len, 96),
+        target_logits=target_logits,
+        predict_mask=torch.ones(1, t_len, dtype=torch.bool),
+        document_ids=torch.zeros(1, t_len, dtype=torch.long),
+        positions=torch.arange(t_len)[None],
+    )
+    loss, stats = ttt_loss(draft, batch, steps=2, decay=0.8, draft_ids=vocab.used_ids)
+
+    p = torch.softmax(target_logits[0, :, :20], -1)
+    per_index_kl = math.log(20) + (p * p.log()).sum(-1)  # index j = t+1+i
+    counted = [[j for j in range(1 + i, t_len) if j != 6] for i in range(2)]
+    expected = [per_index_kl[c].mean().item() for c in counted]
+    assert stats.count.tolist() == [8, 7]
+    assert loss.item() == pytest.approx(expected[0] + 0.8 * expected[1], rel=1e-5)
+    summary = stats.summary(0.8)
+    assert summary["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    # a uniform draft predicts id 0: correct exactly where the target's choice is 0
+    choice = target_logits[0, :, :20].argmax(-1)
+    assert stats.correct.tolist() == [float(sum(choice[j] == 0 for j in c)) for c in counted]
+    loss.backward()
+    assert draft.lm_head.weight.grad.abs().sum() > 0 and draft.embed_tokens.weight.grad is None
