@@ -1,0 +1,221 @@
+"""helm lint / helm template of helm/eagle3-operator with the real helm binary, for several values sets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.chart.helm import CHART_DIR, RELEASE, HelmError, by_kind, helm, render, values_args
+
+MONITORING_ON = {
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+        "podMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+    },
+    "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+    "grafana": {"dashboards": {"annotations": {"grafana_folder": "EAGLE-3"}}},
+}
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+VALUES_SETS = {
+    "defaults": [],
+    "namespaced": [NAMESPACED],
+    "monitoring": [MONITORING_ON],
+    "namespaced-monitoring": [NAMESPACED, MONITORING_ON],
+    "no-rbac-existing-sa": [{"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}}],
+}
+# Never granted by the chart: secrets, escalation, impersonation, wildcards.
+FORBIDDEN_VERBS = {"escalate", "impersonate", "*"}
+
+
+def operator_container(objects):
+    (deployment,) = by_kind(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+def rules_of(objects):
+    return [rule for obj in objects if obj["kind"] in {"Role", "ClusterRole"} for rule in obj["rules"]]
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_SETS))
+def test_helm_lint_strict_passes(name, tmp_path):
+    out = helm("lint", "--strict", str(CHART_DIR), *values_args(tmp_path, *VALUES_SETS[name]))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_operator_deployment_defaults(tmp_path):
+    deployment, container = operator_container(render(tmp_path))
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == f"{RELEASE}-eagle3-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert container["args"] == ["--metrics-port=8080", "--liveness-port=8081"]
+    assert container["image"] == "ghcr.io/eagle3-ai/eagle3-operator:0.1.0"
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert probe == {"path": "/healthz", "port": "liveness"} and ports == {"metrics": 8080, "liveness": 8081}
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["EAGLE3_RUNTIME_IMAGE"] == "ghcr.io/eagle3-ai/eagle3-runtime:0.1.0"
+    assert env["EAGLE3_RUNTIME_SERVICE_ACCOUNT"] == "eagle3-runtime"
+    # /tmp is the only writable path.
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+
+
+def test_cluster_wide_rbac(tmp_path):
+    objects = render(tmp_path)
+    cluster_roles = {role["metadata"]["name"]: role for role in by_kind(objects, "ClusterRole")}
+    assert set(cluster_roles) == {
+        "eagle3-eagle3-operator",
+        "eagle3-eagle3-operator-discovery",
+        "eagle3-eagle3-operator-runtime",
+    }
+    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    for binding in by_kind(objects, "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "eagle3-eagle3-operator", "namespace": "eagle3-system"}
+        ]
+    runtime = cluster_roles["eagle3-eagle3-operator-runtime"]["rules"]
+    assert runtime == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    # The operator may bind the runtime role, and no other.
+    (bind,) = [rule for rule in cluster_roles["eagle3-eagle3-operator"]["rules"] if "bind" in rule["verbs"]]
+    assert bind["resourceNames"] == ["eagle3-eagle3-operator-runtime"] and bind["verbs"] == ["bind"]
+
+
+def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
+    objects = render(tmp_path, NAMESPACED)
+    _, container = operator_container(objects)
+    assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
+    roles = by_kind(objects, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in bindings) == [
+        ("team-a", "ClusterRole"), ("team-a", "Role"), ("team-b", "ClusterRole"), ("team-b", "Role"),
+    ]  # fmt: skip
+    # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only).
+    for role in by_kind(objects, "ClusterRole"):
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, rule
+    (discovery_binding,) = by_kind(objects, "ClusterRoleBinding")
+    assert discovery_binding["roleRef"]["name"].endswith("-discovery")
+    runtime_accounts = [
+        sa for sa in by_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "eagle3-runtime"
+    ]
+    assert sorted(sa["metadata"]["namespace"] for sa in runtime_accounts) == ["team-a", "team-b"]
+    assert not any(rule for rule in rules_of(objects) if "bind" in rule["verbs"])
+
+
+@pytest.mark.parametrize("name", ["defaults", "namespaced"])
+def test_rbac_is_least_privilege(name, tmp_path):
+    for rule in rules_of(render(tmp_path, *VALUES_SETS[name])):
+        assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], rule
+        assert not FORBIDDEN_VERBS & set(rule["verbs"]), rule
+        assert "secrets" not in rule["resources"] and "nodes" not in rule["resources"], rule
+        if rule["resources"] == ["pods"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, (
+                "pods are created by Jobs/Deployments"
+            )
+
+
+def test_no_rbac_and_an_existing_service_account(tmp_path):
+    objects = render(tmp_path, *VALUES_SETS["no-rbac-existing-sa"])
+    assert not [
+        obj for obj in objects if obj["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    ]
+    assert by_kind(objects, "ServiceAccount") == []
+    deployment, _ = operator_container(objects)
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+def test_monitoring_objects_are_off_by_default(tmp_path):
+    kinds = {obj["kind"] for obj in render(tmp_path)}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    assert "ConfigMap" in kinds  # dashboards are on by default: they are inert without Grafana
+
+
+def test_monitoring_objects_carry_additional_labels(tmp_path):
+    objects = render(tmp_path, MONITORING_ON)
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+        (obj,) = by_kind(objects, kind)
+        assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    (service_monitor,) = by_kind(objects, "ServiceMonitor")
+    (service,) = by_kind(objects, "Service")
+    selector = service_monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert service_monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    # The operator's series name the namespace of the object they describe: keep that label.
+    assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    (pod_monitor,) = by_kind(objects, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/component": "spec-decode-server",
+        "app.kubernetes.io/managed-by": "eagle3-operator",
+    }
+    relabel = {
+        r["targetLabel"]: r["sourceLabels"]
+        for r in pod_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    }
+    assert relabel["specdecodedeployment"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
+    assert relabel["namespace"] == ["__meta_kubernetes_namespace"]
+
+
+def test_pod_monitor_follows_watched_namespaces(tmp_path):
+    (pod_monitor,) = by_kind(render(tmp_path, NAMESPACED, MONITORING_ON), "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_dashboards_are_labelled_config_maps_with_valid_json(tmp_path):
+    maps = by_kind(render(tmp_path, MONITORING_ON), "ConfigMap")
+    assert len(maps) == 2
+    titles = set()
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "EAGLE-3"}
+        ((key, text),) = config_map["data"].items()
+        dashboard = json.loads(text)
+        assert key.endswith(".json") and dashboard["uid"] and dashboard["panels"]
+        variables = {var["name"] for var in dashboard["templating"]["list"]}
+        assert {"datasource", "namespace"} <= variables
+        titles.add(dashboard["title"])
+    assert titles == {"EAGLE-3 speculative decoding", "EAGLE-3 draft training and operator"}
+    assert by_kind(render(tmp_path, {"grafana": {"dashboards": {"enabled": False}}}), "ConfigMap") == []
+
+
+# (values, text every failure message must contain): each mistake names its field.
+BAD_VALUES = [
+    ({"operator": {"metricsPort": "8080"}}, "/operator/metricsPort"),
+    ({"operator": {"livenessPort": 70000}}, "/operator/livenessPort"),
+    ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+    ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
+    ({"replicas": 2}, "replicas"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"resources": {"requests": {"memory": None}}}, "memory"),  # null deletes the default
+    ({"prometheusRule": {"rateWindow": "5 minutes"}}, "/prometheusRule/rateWindow"),
+    ({"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": 0.9}}}}, "/prometheusRule/alerts/acceptanceLengthLow/threshold"),
+    ({"prometheusRule": {"alerts": {"trainingStalled": {"stalledAfterSeconds": 10}}}}, "/prometheusRule/alerts/trainingStalled/stalledAfterSeconds"),
+    ({"prometheusRule": {"alerts": {"servingUnavailable": {"severity": "page"}}}}, "/prometheusRule/alerts/servingUnavailable/severity"),
+    ({"metrics": {"serviceMonitor": {"additionalLabels": {"release": 1}}}}, "/metrics/serviceMonitor/additionalLabels/release"),
+    ({"grafana": {"dashboards": {"labelValue": 1}}}, "/grafana/dashboards/labelValue"),
+    ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("values", "field"), BAD_VALUES, ids=[field for _, field in BAD_VALUES])
+def test_schema_violations_fail_with_a_message_naming_the_field(values, field, tmp_path):
+    with pytest.raises(HelmError) as failure:
+        render(tmp_path, values)
+    message = failure.value.stderr
+    assert "values don't meet the specifications of the schema" in message, message
+    assert field in message, message
+
+
+def test_service_monitor_without_the_service_fails_clearly(tmp_path):
+    values = {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}
+    with pytest.raises(HelmError) as failure:
+        render(tmp_path, values)
+    assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in failure.value.stderr
