@@ -1,0 +1,1 @@
+"""Pure functions from (spec, observed children) to desired child objects and status; no API calls."""

@@ -1,0 +1,176 @@
+"""Pod building blocks: the ROCm GPU recipe, model volumes, and the vLLM server container."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3_operator.api.common import SchedulingSpec, TargetSpec
+
+VLLM_PORT = 8000
+VIDEO_GROUP = 44  # /dev/kfd and /dev/dri/* belong to the "video" group on ROCm nodes
+TERMINATION_LOG = "/dev/termination-log"
+
+
+@dataclass
+class Mounts:
+    """Volumes plus their mounts for one container; `add` ignores a volume added twice."""
+
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, volume: dict[str, Any], mount_path: str, *, read_only: bool = False) -> None:
+        if any(v["name"] == volume["name"] for v in self.volumes):
+            return
+        self.volumes.append(volume)
+        mount = {"name": volume["name"], "mountPath": mount_path}
+        if read_only:
+            mount["readOnly"] = True
+        self.mounts.append(mount)
+
+    def add_claim(self, volume_name: str, claim: str, mount_path: str, *, read_only: bool = False) -> None:
+        self.add(
+            {"name": volume_name, "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}},
+            mount_path,
+            read_only=read_only,
+        )
+
+    def add_shm(self, size: str) -> None:
+        self.add({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}, "/dev/shm")
+
+
+def model_location(ref: str, role: str, mounts: Mounts) -> str:
+    """What a pod passes for a model: the Hugging Face id, or the PVC path after mounting the claim."""
+    if not ref.startswith("pvc://"):
+        return ref
+    claim, _, path = ref.removeprefix("pvc://").partition("/")
+    root = f"/models/{role}"
+    mounts.add_claim(f"{role}-model", claim, root, read_only=True)
+    return f"{root}/{path}"
+
+
+def downward_env() -> list[dict[str, Any]]:
+    """POD_NAME / POD_NAMESPACE: a stage finds its own pod with them to post progress."""
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+
+
+def hf_token_env(target: TargetSpec) -> list[dict[str, Any]]:
+    if not target.hf_token_secret:
+        return []
+    ref = target.hf_token_secret
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def user_env(target: TargetSpec) -> list[dict[str, Any]]:
+    return [e.to_json() for e in target.env]
+
+
+def gpu_resources(target: TargetSpec, gpus: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Requests/limits with the GPU count in both (extended resources must match)."""
+    extra = extra or {}
+    requests = dict(extra.get("requests") or {})
+    limits = dict(extra.get("limits") or {})
+    if gpus:
+        requests[target.gpu_resource_name] = str(gpus)
+        limits[target.gpu_resource_name] = str(gpus)
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def apply_scheduling(
+    pod_spec: dict[str, Any], scheduling: SchedulingSpec, *, gpu_resource: str | None
+) -> dict[str, Any]:
+    """Scheduling fields, and the ROCm recipe for pods that get GPUs (REFERENCE section 4)."""
+    tolerations = [t.to_json() for t in scheduling.tolerations]
+    if gpu_resource:
+        # Clusters commonly taint GPU nodes with the resource name; GPU pods tolerate it.
+        tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
+        pod_spec["securityContext"] = {
+            "supplementalGroups": [VIDEO_GROUP],
+            "seccompProfile": {"type": "Unconfined"},  # RCCL needs syscalls the default profile blocks
+        }
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.affinity:
+        pod_spec["affinity"] = scheduling.affinity
+    if scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
+    return pod_spec
+
+
+def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[str]:
+    """`vllm serve` arguments for the target (speculative decoding is added by the caller)."""
+    args = [
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--served-model-name",
+        served_model_name,
+        "--tensor-parallel-size",
+        str(target.tensor_parallel_size),
+    ]
+    if target.revision:
+        args += ["--revision", target.revision]
+    if target.quantization != "none":
+        args += ["--quantization", "quark"]  # Quark fp8/mxfp4 checkpoints carry quant_method quark
+    if target.max_model_len:
+        args += ["--max-model-len", str(target.max_model_len)]
+    return args + list(target.extra_args)
+
+
+def vllm_container(target: TargetSpec, args: list[str], mounts: Mounts) -> dict[str, Any]:
+    """The vLLM server container with /health probes; model loading may take many minutes."""
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    return {
+        "name": "vllm",
+        "image": target.image,
+        "imagePullPolicy": target.image_pull_policy,
+        "command": ["vllm", "serve"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+        "env": [
+            {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
+            {"name": "HF_HOME", "value": "/cache/huggingface"},
+            *hf_token_env(target),
+            *user_env(target),
+        ],
+        "resources": gpu_resources(target, target.gpus, target.resources.to_json()),
+        "volumeMounts": mounts.mounts,
+        "startupProbe": probe | {"failureThreshold": 180},
+        "readinessProbe": probe | {"failureThreshold": 3},
+        "livenessProbe": probe | {"failureThreshold": 6},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def vllm_pod_spec(
+    target: TargetSpec, args: list[str], mounts: Mounts, scheduling: SchedulingSpec
+) -> dict[str, Any]:
+    mounts.add_shm(target.shm_size)
+    mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")
+    pod_spec = {
+        "containers": [vllm_container(target, args, mounts)],
+        "volumes": mounts.volumes,
+        "terminationGracePeriodSeconds": 60,
+    }
+    return apply_scheduling(pod_spec, scheduling, gpu_resource=target.gpu_resource_name)
+
+
+def service(meta: dict[str, Any], selector: dict[str, str], port: int, **extra: Any) -> dict[str, Any]:
+    spec = {
+        "selector": selector,
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        **extra,
+    }
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}

@@ -1,0 +1,656 @@
+"""DraftTraining: desired children and the stage state machine, as pure functions."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from eagle3_operator.api.draft_training import DraftTraining, Progress
+from eagle3_operator.reconcile import meta
+from eagle3_operator.reconcile.conditions import get_condition, set_condition
+from eagle3_operator.reconcile.jobs import STAGE_CONTAINER, JobOutcome, job_outcome, latest_progress
+from eagle3_operator.reconcile.plan import Event, Plan, iso, parse_iso
+from eagle3_operator.reconcile.pods import (
+    TERMINATION_LOG,
+    VLLM_PORT,
+    Mounts,
+    apply_scheduling,
+    downward_env,
+    gpu_resources,
+    hf_token_env,
+    model_location,
+    service,
+    vllm_args,
+    vllm_pod_spec,
+)
+
+STAGE_CONDITIONS = {
+    "generate": "Generated",
+    "extract": "HiddenStatesExtracted",
+    "train": "Trained",
+    "evaluate": "Evaluated",
+    "select": "Selected",
+    "export": "Exported",
+    "quantize": "Quantized",
+}
+# A Job can be Complete a moment before its pod's termination message is visible; after this long a
+# missing StageResult is a failure of the stage.
+RESULT_GRACE_S = 60.0
+RESULT_POLL_S = 5.0
+WORKSPACE = "/workspace"
+TORCHRUN_PORT = 29500
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+class StageError(Exception):
+    """A stage cannot be planned from what earlier stages reported."""
+
+
+@dataclass
+class TrainingObserved:
+    """The children of one DraftTraining as listed from the API server."""
+
+    now: datetime
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def pods_of(self, job_name: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods
+            if any((p["metadata"].get("labels") or {}).get(k) == job_name for k in JOB_NAME_LABELS)
+        ]
+
+
+def pipeline(dt: DraftTraining) -> list[str]:
+    stages = ["generate"]
+    if dt.spec.hidden_states.mode == "offline":
+        stages.append("extract")
+    stages += ["train", "evaluate", "select", "export"]
+    if dt.spec.export.quantize != "none":
+        stages.append("quantize")
+    return stages
+
+
+def needs_target(dt: DraftTraining, stage: str | None) -> bool:
+    """Stages that talk to the target vLLM server; the others load the target themselves or not at all."""
+    return stage == "generate" or (stage == "train" and dt.spec.hidden_states.mode == "streaming")
+
+
+def workspace_claim(dt: DraftTraining) -> str:
+    return dt.spec.storage.existing_claim or f"{dt.metadata['name']}-workspace"
+
+
+def target_name(dt: DraftTraining) -> str:
+    return f"{dt.metadata['name']}-target"
+
+
+def trainer_service_name(dt: DraftTraining) -> str:
+    return f"{dt.metadata['name']}-trainer"
+
+
+def job_name(dt: DraftTraining, stage: str, attempt: int, suffix: str = "") -> str:
+    short = {"evaluate": "eval"}.get(stage, stage)
+    name = (
+        f"{dt.metadata['name']}-{short}"
+        + (f"-{suffix}" if suffix else "")
+        + (f"-r{attempt}" if attempt else "")
+    )
+    return meta.dns_label(name)
+
+
+def export_destination(dt: DraftTraining) -> tuple[str, str, str]:
+    """(claim, path inside the claim, path inside the pods) of the final draft."""
+    export = dt.spec.export
+    if export.claim_name:
+        path = export.path or dt.metadata["name"]
+        return export.claim_name, path, f"/export/{path}"
+    path = "export" if export.quantize == "none" else f"export-{export.quantize}"
+    return workspace_claim(dt), path, f"{WORKSPACE}/{path}"
+
+
+def _num(value: float) -> str:
+    return format(value, "g")
+
+
+def _layer_ids(dt: DraftTraining) -> str:
+    ids = dt.spec.hidden_states.layer_ids
+    return ",".join(str(i) for i in ids) if ids else "auto"
+
+
+def checkpoints_to_evaluate(dt: DraftTraining, train_metrics: dict[str, Any]) -> list[int]:
+    """Every Nth checkpoint the trainer reported, and always the last one."""
+    steps = sorted({int(s) for s in train_metrics.get("checkpoints") or []})
+    if not steps and train_metrics.get("step") is not None:
+        steps = [int(train_metrics["step"])]
+    if not steps:
+        raise StageError("the train stage reported no checkpoints")
+    every = dt.spec.evaluation.every_checkpoints
+    chosen = [s for i, s in enumerate(steps, start=1) if i % every == 0]
+    if steps[-1] not in chosen:
+        chosen.append(steps[-1])
+    return chosen
+
+
+class TrainingPlanner:
+    """Builds one reconcile's Plan for a DraftTraining from its body and observed children."""
+
+    def __init__(self, body: dict[str, Any], observed: TrainingObserved):
+        self.body = body
+        self.dt = DraftTraining.model_validate(body)
+        self.name = body["metadata"]["name"]
+        self.observed = observed
+        self.now = iso(observed.now)
+        self.generation = body["metadata"].get("generation")
+        self.plan = Plan()
+
+    # ---- children -------------------------------------------------------------------------------
+
+    def _labels(self, component: str) -> dict[str, str]:
+        return meta.labels(self.name, component, meta.DRAFT_TRAINING_LABEL)
+
+    def workspace_pvc(self) -> dict[str, Any]:
+        storage = self.dt.spec.storage
+        spec: dict[str, Any] = {
+            "accessModes": list(storage.access_modes),
+            "resources": {"requests": {"storage": storage.size}},
+        }
+        if storage.storage_class_name:
+            spec["storageClassName"] = storage.storage_class_name
+        # Owned by the DraftTraining (so deleted with it) only when the user asked for that.
+        metadata = meta.object_meta(
+            self.body, workspace_claim(self.dt), self._labels("workspace"), owned=not storage.retain_on_delete
+        )
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
+
+    def target_deployment(self, replicas: int) -> dict[str, Any]:
+        target = self.dt.spec.target
+        mounts = Mounts()
+        model = model_location(target.model, "target", mounts)
+        pod_spec = vllm_pod_spec(
+            target, vllm_args(target, model, target.model), mounts, self.dt.spec.scheduling
+        )
+        selector = meta.selector_labels(self.name, "target", meta.DRAFT_TRAINING_LABEL)
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta.object_meta(self.body, target_name(self.dt), self._labels("target")),
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": selector},
+                # A second vLLM would need a second set of GPUs; replace instead of surging.
+                "strategy": {"type": "Recreate"},
+                "template": {"metadata": {"labels": self._labels("target")}, "spec": pod_spec},
+            },
+        }
+
+    def target_service(self) -> dict[str, Any]:
+        selector = meta.selector_labels(self.name, "target", meta.DRAFT_TRAINING_LABEL)
+        return service(
+            meta.object_meta(self.body, target_name(self.dt), self._labels("target")), selector, VLLM_PORT
+        )
+
+    def trainer_service(self) -> dict[str, Any]:
+        selector = meta.selector_labels(self.name, "train", meta.DRAFT_TRAINING_LABEL)
+        svc = service(
+            meta.object_meta(self.body, trainer_service_name(self.dt), self._labels("train")),
+            selector,
+            TORCHRUN_PORT,
+            clusterIP="None",
+            publishNotReadyAddresses=True,
+        )
+        svc["spec"]["ports"] = [{"name": "rendezvous", "port": TORCHRUN_PORT, "protocol": "TCP"}]
+        return svc
+
+    def server_url(self) -> str:
+        return f"http://{target_name(self.dt)}:{VLLM_PORT}"
+
+    def stage_job(
+        self,
+        stage: str,
+        name: str,
+        args: list[str],
+        mounts: Mounts,
+        *,
+        gpus: int = 0,
+        nodes: int = 1,
+        extra_resources: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A Job whose pods run `eagle3 <stage> ...` over the workspace (docs/contracts.md)."""
+        spec = self.dt.spec
+        mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
+        if gpus:
+            mounts.add_shm(spec.target.shm_size)
+        command = ["eagle3", stage, *args, "--result-file", TERMINATION_LOG]
+        env = [*downward_env(), {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"}]
+        env += hf_token_env(spec.target)
+        if gpus:
+            env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
+        pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
+        if nodes > 1 or (stage == "train" and spec.training.gpus_per_node > 1):
+            # torchrun starts one process per GPU; with several pods, rank 0 is the Job's index-0 pod,
+            # reached through the headless Service.
+            env.append(
+                {
+                    "name": "NODE_RANK",
+                    "valueFrom": {
+                        "fieldRef": {
+                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                        }
+                    },
+                }
+            )
+            master = f"{name}-0.{trainer_service_name(self.dt)}"
+            command = [
+                "torchrun",
+                f"--nnodes={nodes}",
+                f"--nproc-per-node={spec.training.gpus_per_node}",
+                "--node-rank=$(NODE_RANK)",
+                f"--master-addr={master}" if nodes > 1 else "--master-addr=127.0.0.1",
+                f"--master-port={TORCHRUN_PORT}",
+                "--no-python",
+                *command,
+            ]
+            if nodes > 1:
+                pod_spec["subdomain"] = trainer_service_name(self.dt)
+        container = {
+            "name": STAGE_CONTAINER,
+            "image": spec.runtime.image,
+            "imagePullPolicy": spec.runtime.image_pull_policy,
+            "command": command,
+            "env": env,
+            "volumeMounts": mounts.mounts,
+            "terminationMessagePath": TERMINATION_LOG,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+        resources = gpu_resources(spec.target, gpus, extra_resources)
+        if resources:
+            container["resources"] = resources
+        pod_spec |= {"containers": [container], "volumes": mounts.volumes}
+        if spec.runtime.service_account_name:
+            pod_spec["serviceAccountName"] = spec.runtime.service_account_name
+        apply_scheduling(
+            pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name if gpus else None
+        )
+        job_labels = self._labels(stage) | {meta.STAGE_LABEL: stage}
+        if spec.scheduling.queue_name:
+            job_labels[meta.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
+        job_spec: dict[str, Any] = {
+            "backoffLimit": spec.runtime.backoff_limit,
+            "template": {
+                "metadata": {"labels": self._labels(stage) | {meta.STAGE_LABEL: stage}},
+                "spec": pod_spec,
+            },
+        }
+        if nodes > 1:
+            job_spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+        if spec.scheduling.queue_name:
+            job_spec["suspend"] = True  # Kueue admits the Job by unsuspending it
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta.object_meta(self.body, name, job_labels),
+            "spec": job_spec,
+        }
+
+    def stage_jobs(self, stage: str, attempt: int) -> list[dict[str, Any]]:
+        spec = self.dt.spec
+        mounts = Mounts()
+        name = job_name(self.dt, stage, attempt)
+        common = ["--workspace", WORKSPACE]
+        if stage == "generate":
+            args = [*common, "--server", self.server_url(), "--model", spec.target.model]
+            claims: dict[str, str] = {}
+            for source in spec.data.sources:
+                volume = claims.setdefault(source.claim_name, f"source-{len(claims)}")
+                mounts.add_claim(volume, source.claim_name, f"/sources/{source.claim_name}", read_only=True)
+                arg = f"/sources/{source.claim_name}/{source.path},mode={source.mode},weight={_num(source.weight)}"
+                if source.prompt_field:
+                    arg += f",prompt-field={source.prompt_field}"
+                if source.messages_field:
+                    arg += f",messages-field={source.messages_field}"
+                args += ["--source", arg]
+            data = spec.data
+            args += [
+                "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
+                "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
+                "--concurrency", str(data.concurrency), "--seed", str(data.seed), "--on-bad-row", data.on_bad_row,
+            ]  # fmt: skip
+            return [self.stage_job(stage, name, args, mounts)]
+        if stage == "extract":
+            model = model_location(spec.target.model, "target", mounts)
+            args = [*common, "--mode", "offline", "--target", model, "--layer-ids", _layer_ids(self.dt)]
+            return [self.stage_job(stage, name, args, mounts, gpus=spec.target.gpus)]
+        if stage == "train":
+            training = spec.training
+            model = model_location(spec.target.model, "target", mounts)
+            args = [*common, "--target", model, "--hidden-states", spec.hidden_states.mode]
+            if spec.hidden_states.mode == "streaming":
+                args += ["--server", self.server_url()]
+            args += [
+                "--layer-ids", _layer_ids(self.dt), "--draft-vocab-size", str(spec.draft.vocab_size),
+                "--steps", str(training.steps), "--learning-rate", _num(training.learning_rate),
+                "--batch-tokens", str(training.batch_tokens), "--ttt-steps", str(training.ttt_steps),
+                "--loss-decay", _num(training.loss_decay), "--checkpoint-every", str(training.checkpoint_every),
+                "--seed", str(training.seed),
+            ]  # fmt: skip
+            job = self.stage_job(
+                stage, name, args, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
+                extra_resources=training.resources,
+            )  # fmt: skip
+            return [job]
+        if stage == "evaluate":
+            steps = checkpoints_to_evaluate(self.dt, self._stage_record("train").get("metrics") or {})
+            prompts = spec.evaluation.prompts or spec.data.sources[0]
+            jobs = []
+            for step in steps:
+                job_mounts = Mounts()
+                model = model_location(spec.target.model, "target", job_mounts)
+                job_mounts.add_claim("prompts", prompts.claim_name, "/prompts", read_only=True)
+                args = [
+                    *common, "--target", model, "--checkpoint", f"step-{step:08d}",
+                    "--prompts", f"/prompts/{prompts.path}",
+                    "--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens),
+                ]  # fmt: skip
+                jobs.append(
+                    self.stage_job(
+                        stage,
+                        job_name(self.dt, stage, attempt, str(step)),
+                        args,
+                        job_mounts,
+                        gpus=spec.target.gpus,
+                    )
+                )
+            return jobs
+        if stage == "select":
+            return [self.stage_job(stage, name, common, mounts)]
+        claim, _, final_dir = export_destination(self.dt)
+        if claim != workspace_claim(self.dt):
+            mounts.add_claim("export", claim, "/export")
+        if stage == "export":
+            output = final_dir if spec.export.quantize == "none" else f"{WORKSPACE}/export"
+            args = [*common, "--checkpoint", "best", "--format", spec.export.format, "--output", output]
+            return [self.stage_job(stage, name, args, mounts)]
+        if stage == "quantize":
+            args = ["--input", f"{WORKSPACE}/export", "--output", final_dir, "--scheme", spec.export.quantize]
+            return [self.stage_job(stage, name, args, mounts)]
+        raise ValueError(f"unknown stage {stage}")
+
+    # ---- state machine ---------------------------------------------------------------------------
+
+    def _stage_record(self, stage: str) -> dict[str, Any]:
+        return self.records[stage]
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        self.plan.events.append(Event(type_, reason, message))
+
+    def _fail(self, stage: str, reason: str, message: str) -> None:
+        record = self.records[stage]
+        record |= {"state": "Failed", "message": message, "completionTime": self.now}
+        self.failure = (reason, f"stage {stage} failed: {message}")
+        self._event("Warning", "StageFailed", f"{stage}: {reason}: {message}")
+
+    def _retry_if_spec_changed(self, status: dict[str, Any]) -> None:
+        """After a failure, a spec edit (a new generation) retries the failed stage with new Jobs."""
+        failed = get_condition(status.get("conditions") or [], "Failed")
+        if status.get("phase") != "Failed" or not failed or failed.get("status") != "True":
+            return
+        if (failed.get("observedGeneration") or 0) >= (self.generation or 0):
+            return
+        for stage, record in self.records.items():
+            if record["state"] != "Failed":
+                continue
+            for job in record.get("jobs") or []:
+                self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
+            record |= {"state": "Pending", "attempt": record.get("attempt", 0) + 1, "jobs": [], "message": ""}
+            record.pop("startTime", None)
+            record.pop("completionTime", None)
+            self._event("Normal", "Retrying", f"spec changed after failure: retrying stage {stage}")
+        status.pop("completionTime", None)
+
+    def _target_ready(self) -> bool:
+        deployment = self.observed.deployments.get(target_name(self.dt))
+        if not deployment:
+            return False
+        status = deployment.get("status") or {}
+        return (status.get("readyReplicas") or 0) >= 1 and (deployment["spec"].get("replicas") or 0) >= 1
+
+    def _record_success(self, stage: str, outcomes: list[JobOutcome], status: dict[str, Any]) -> None:
+        """Store a finished stage's results; raises KeyError/ValueError on a result without its metrics."""
+        record = self.records[stage]
+        finished = max((o.finished_at or self.now) for o in outcomes)
+        results = [o.result for o in outcomes if o.result]
+        metrics = {k: v for k, v in results[0].metrics.items() if v is not None} if len(results) == 1 else {}
+        updates: dict[str, Any] = {}
+        if stage == "evaluate":
+            evaluations = [_checkpoint_evaluation(r.metrics) for r in results]
+            updates["checkpoints"] = sorted(evaluations, key=lambda e: e["step"])
+            metrics = {"checkpoints": len(evaluations)}
+        if stage == "select":
+            best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
+            updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
+        if stage == pipeline(self.dt)[-1]:
+            claim, path, _ = export_destination(self.dt)
+            updates["export"] = {
+                "claimName": claim,
+                "path": path,
+                "uri": f"pvc://{claim}/{path}",
+                "format": self.dt.spec.export.format,
+                "quantization": self.dt.spec.export.quantize,
+            }
+        status.update(updates)
+        record |= {
+            "state": "Succeeded",
+            "completionTime": finished,
+            "metrics": metrics,
+            "message": "completed",
+        }
+        if results and results[0].message:
+            record["message"] = results[0].message[:1000]
+        self._event(
+            "Normal", "StageSucceeded", f"{stage} completed" + (f": {_brief(metrics)}" if metrics else "")
+        )
+        minimum = self.dt.spec.evaluation.min_acceptance_length
+        if stage == "select" and minimum is not None:
+            measured = updates["bestCheckpoint"].get("acceptanceLength")
+            if measured is None or measured < minimum:
+                self._fail(
+                    stage,
+                    "AcceptanceBelowMinimum",
+                    f"best checkpoint step {updates['bestCheckpoint']['step']} has acceptance length {measured}, "
+                    f"below evaluation.minAcceptanceLength {minimum}",
+                )
+
+    def _advance(self, stage: str, status: dict[str, Any]) -> bool:
+        """Drive one stage; True when it is done and the next one may start now."""
+        record = self.records[stage]
+        try:
+            desired = self.stage_jobs(stage, record.get("attempt", 0))
+        except StageError as exc:
+            self._fail(stage, "InvalidStageInput", str(exc))
+            return False
+        outcomes = []
+        for job in desired:
+            name = job["metadata"]["name"]
+            observed = self.observed.jobs.get(name)
+            if observed is None:
+                self.plan.create.append(job)
+                outcomes.append(JobOutcome("Running"))
+            else:
+                outcomes.append(job_outcome(observed, self.observed.pods_of(name)))
+        record["jobs"] = [j["metadata"]["name"] for j in desired]
+        if record["state"] == "Pending":
+            record |= {"state": "Running", "startTime": self.now, "message": "running"}
+            self._event("Normal", "StageStarted", f"{stage} started: " + ", ".join(record["jobs"]))
+        if stage == "train" and self.dt.spec.training.nodes > 1:
+            self.plan.sync.append(self.trainer_service())
+        progress = latest_progress([p for name in record["jobs"] for p in self.observed.pods_of(name)])
+        if progress is not None:
+            # A malformed progress record is ignored: progress is informational only.
+            with contextlib.suppress(ValidationError):
+                status["progress"] = Progress.model_validate(progress).to_json()
+        failed = [o for o in outcomes if o.state == "Failed"]
+        if failed:
+            self._fail(stage, failed[0].reason, failed[0].message)
+            return False
+        if any(o.state == "Running" for o in outcomes):
+            return False
+        missing = [o for o in outcomes if o.result is None]
+        if missing:
+            waited = max(
+                (self.observed.now - parse_iso(o.finished_at)).total_seconds() for o in missing if o.finished_at
+            ) if any(o.finished_at for o in missing) else 0.0  # fmt: skip
+            if waited >= RESULT_GRACE_S:
+                self._fail(
+                    stage, "StageResultMissing", "the stage ended without a result in its termination message"
+                )
+            else:
+                self.plan.requeue_after = RESULT_POLL_S
+            return False
+        not_ok = [o.result for o in outcomes if o.result and not o.result.ok]
+        if not_ok:
+            self._fail(stage, "StageReportedFailure", not_ok[0].message or "the stage reported ok=false")
+            return False
+        try:
+            self._record_success(stage, outcomes, status)
+        except (KeyError, TypeError, ValueError) as exc:
+            self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
+        return self.records[stage]["state"] == "Succeeded"
+
+    def build(self) -> Plan:
+        dt = self.dt
+        old_status = self.body.get("status") or {}
+        status = copy.deepcopy(old_status)
+        stages = pipeline(dt)
+        previous = {s["name"]: s for s in status.get("stages") or []}
+        self.records = {
+            name: previous.get(name)
+            or {"name": name, "state": "Pending", "attempt": 0, "jobs": [], "message": ""}
+            for name in stages
+        }
+        self.failure: tuple[str, str] | None = None
+        self._retry_if_spec_changed(status)
+        status.setdefault("startTime", self.now)
+        status["workspaceClaim"] = workspace_claim(dt)
+        if not dt.spec.storage.existing_claim:
+            self.plan.create.append(self.workspace_pvc())
+
+        current: str | None = None
+        waiting_for_target = False
+        for stage in stages:
+            record = self.records[stage]
+            if record["state"] == "Succeeded":
+                continue
+            current = stage
+            if record["state"] == "Failed":
+                self.failure = self.failure or _recorded_failure(status, stage, record)
+                break
+            if needs_target(dt, stage) and not self._target_ready():
+                waiting_for_target = True
+                break
+            if not self._advance(stage, status):
+                break
+
+        all_done = all(r["state"] == "Succeeded" for r in self.records.values())
+        if self.failure:
+            phase = "Failed"
+        elif all_done:
+            phase = "Succeeded"
+        elif all(r["state"] == "Pending" for r in self.records.values()):
+            phase = "Pending"
+        else:
+            phase = "Running"
+        target_replicas = 1 if phase in ("Pending", "Running") and needs_target(dt, current) else 0
+        self._sync_target(target_replicas)
+
+        status["phase"] = phase
+        status["stage"] = current or stages[-1]
+        status["observedGeneration"] = self.generation
+        status["stages"] = list(self.records.values())
+        if phase in ("Succeeded", "Failed"):
+            status.setdefault("completionTime", self.now)
+        if phase == "Succeeded" and old_status.get("phase") != "Succeeded":
+            self._event("Normal", "TrainingSucceeded", f"draft exported to {status['export']['uri']}")
+        self._conditions(status, phase, current, waiting_for_target, target_replicas)
+        self.plan.status = status
+        return self.plan
+
+    def _sync_target(self, replicas: int) -> None:
+        existing = self.observed.deployments.get(target_name(self.dt))
+        if replicas == 0 and existing is None:
+            return  # never started, nothing to scale down
+        if existing is not None and replicas == 0 and (existing["spec"].get("replicas") or 0) > 0:
+            self._event("Normal", "TargetScaledDown", "no remaining stage needs the target vLLM server")
+        self.plan.sync += [self.target_deployment(replicas), self.target_service()]
+
+    def _conditions(
+        self, status: dict[str, Any], phase: str, current: str | None, waiting: bool, target_replicas: int
+    ) -> None:
+        conditions = list(status.get("conditions") or [])
+        gen, now = self.generation, self.now
+
+        def put(type_: str, ok: bool, reason: str, message: str) -> None:
+            set_condition(conditions, type_, ok, reason, message, gen, now)
+
+        if target_replicas:
+            ready = not waiting
+            put("TargetReady", ready, "Serving" if ready else "Starting",
+                "target vLLM server is ready" if ready else "waiting for the target vLLM server to become ready")  # fmt: skip
+        else:
+            put("TargetReady", False, "ScaledDown", "no remaining stage needs the target vLLM server")
+        for stage, record in self.records.items():
+            state = record["state"]
+            reason = {
+                "Succeeded": "Completed",
+                "Running": "Running",
+                "Failed": "Failed",
+                "Pending": "Pending",
+            }[state]
+            if state == "Pending" and stage == current and waiting:
+                reason = "WaitingForTarget"
+            put(STAGE_CONDITIONS[stage], state == "Succeeded", reason, record.get("message") or state.lower())
+        if self.failure:
+            # Its observedGeneration is the generation that failed: a later spec edit retries.
+            put("Failed", True, self.failure[0], self.failure[1])
+        else:
+            put("Failed", False, "NoFailure", "no stage has failed")
+        put(
+            "Ready",
+            phase == "Succeeded",
+            {"Succeeded": "DraftExported", "Failed": "StageFailed"}.get(phase, phase),
+            f"draft at {status['export']['uri']}" if phase == "Succeeded" else f"pipeline {phase.lower()}",
+        )
+        status["conditions"] = conditions
+
+
+def _recorded_failure(status: dict[str, Any], stage: str, record: dict[str, Any]) -> tuple[str, str]:
+    failed = get_condition(status.get("conditions") or [], "Failed")
+    if failed and failed.get("status") == "True":
+        return failed.get("reason") or "StageFailed", failed.get("message") or ""
+    return "StageFailed", f"stage {stage} failed: {record.get('message', '')}"
+
+
+def _checkpoint_evaluation(m: dict[str, Any]) -> dict[str, Any]:
+    evaluation = {
+        "step": int(m["step"]),
+        "acceptanceLength": m.get("acceptance_length"),
+        "acceptancePerPosition": list(m.get("acceptance_per_position") or []),
+        "tokensPerSecond": m.get("tokens_per_second"),
+        "speedup": m.get("speedup"),
+    }
+    return {k: v for k, v in evaluation.items() if v is not None}
+
+
+def _brief(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in metrics.items() if not isinstance(v, list))[:300]
+
+
+def plan_training(body: dict[str, Any], observed: TrainingObserved) -> Plan:
+    """The whole decision for one DraftTraining; the caller applies it."""
+    return TrainingPlanner(body, observed).build()

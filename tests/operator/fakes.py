@@ -1,0 +1,92 @@
+"""Builders of API objects as the API server returns them, for the planner unit tests (no cluster)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from eagle3_runtime.layout import StageResult
+
+NOW = datetime(2026, 11, 29, 9, 0, 0, tzinfo=UTC)
+
+
+def draft_training(**spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpus": 1},
+        "data": {"sources": [{"claimName": "prompts", "path": "chat.jsonl"}], "numSamples": 100},
+        "training": {"steps": 100, "checkpointEvery": 50},
+    }
+    for key, value in spec_overrides.items():
+        spec[key] = value
+    return {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "DraftTraining",
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "uid-1", "generation": 1},
+        "spec": spec,
+    }
+
+
+def spec_decode(**spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "target": {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpus": 2, "tensorParallelSize": 2},
+        "draft": {"model": "pvc://drafts/llama-eagle3"},
+    }
+    spec.update(spec_overrides)
+    return {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "SpecDecodeDeployment",
+        "metadata": {"name": "chat", "namespace": "ml", "uid": "uid-2", "generation": 1},
+        "spec": spec,
+    }
+
+
+def ready_deployment(desired: dict[str, Any], ready: int | None = None) -> dict[str, Any]:
+    obj = copy.deepcopy(desired)
+    replicas = obj["spec"]["replicas"]
+    ready = replicas if ready is None else ready
+    obj["metadata"]["generation"] = 1
+    obj["status"] = {
+        "observedGeneration": 1,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": ready,
+    }
+    return obj
+
+
+def finished_job(desired: dict[str, Any], *, ok: bool, at: datetime = NOW) -> dict[str, Any]:
+    obj = copy.deepcopy(desired)
+    stamp = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    kind = "Complete" if ok else "Failed"
+    condition = {"type": kind, "status": "True", "lastTransitionTime": stamp}
+    if not ok:
+        condition |= {
+            "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit",
+        }
+    obj["status"] = {"conditions": [condition]} | ({"completionTime": stamp} if ok else {})
+    return obj
+
+
+def job_pod(job: dict[str, Any], *, phase: str, message: str | None, reason: str = "Completed",
+            exit_code: int = 0, index: int = 0, annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    name = job["metadata"]["name"]
+    terminated = {"exitCode": exit_code, "reason": reason, "finishedAt": NOW.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if message is not None:
+        terminated["message"] = message
+    state = {"terminated": terminated} if phase in ("Succeeded", "Failed") else {"running": {}}
+    return {
+        "metadata": {
+            "name": f"{name}-{index}-abcde",
+            "namespace": job["metadata"]["namespace"],
+            "labels": {"batch.kubernetes.io/job-name": name, "job-name": name},
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(index)} | (annotations or {}),
+            "creationTimestamp": (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        },
+        "status": {"phase": phase, "containerStatuses": [{"name": "stage", "state": state}]},
+    }
+
+
+def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> str:
+    return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()

@@ -1,0 +1,371 @@
+"""The DraftTraining planner: desired children and the stage state machine, without a cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from eagle3_operator.reconcile.plan import Plan
+from eagle3_operator.reconcile.training import TrainingObserved, plan_training
+
+from tests.operator import fakes
+
+RESULTS = {
+    "generate": {"samples": 100, "tokens": 51200, "tokens_per_second": 900.0, "bad_rows": 0},
+    "extract": {"samples": 100, "tokens": 51200},
+    "train": {
+        "step": 100,
+        "total_steps": 100,
+        "loss": 1.5,
+        "accuracy_per_position": [0.7, 0.5, 0.4],
+        "simulated_acceptance_length": 2.1,
+        "checkpoints": ["50", "100"],
+    },  # fmt: skip
+    "select": {"step": 100, "acceptance_length": 2.4},
+}
+
+
+class Cluster:
+    """Plays API server + Job controller for the planner: stores what it creates, ends Jobs on request."""
+
+    def __init__(self, body: dict):
+        self.body = body
+        self.observed = TrainingObserved(now=fakes.NOW)
+        self.created: list[str] = []
+
+    def reconcile(self) -> Plan:
+        plan = plan_training(copy.deepcopy(self.body), self.observed)
+        for obj in plan.create + plan.sync:
+            name = obj["metadata"]["name"]
+            if obj["kind"] == "Job" and name not in self.observed.jobs:
+                self.observed.jobs[name] = copy.deepcopy(obj)
+                self.created.append(name)
+            elif obj["kind"] == "Deployment":
+                self.observed.deployments[name] = fakes.ready_deployment(obj)
+        for gone in plan.delete:
+            self.observed.jobs.pop(gone["name"], None)
+        self.body["status"] = plan.status
+        return plan
+
+    def running_jobs(self) -> list[dict]:
+        return [j for j in self.observed.jobs.values() if "status" not in j]
+
+    def finish(self, job: dict, *, ok: bool = True, message: str | None = None, **pod) -> None:
+        stage = job["metadata"]["labels"]["eagle3.ai/stage"]
+        if message is None:
+            metrics = RESULTS.get(stage, {})
+            if stage == "evaluate":
+                step = int(job["metadata"]["name"].rsplit("-", 1)[-1])
+                metrics = {
+                    "step": step,
+                    "acceptance_length": 2.0 + step / 250,
+                    "acceptance_per_position": [0.6, 0.4],
+                }
+            message = fakes.result(stage, ok, **metrics)
+        name = job["metadata"]["name"]
+        self.observed.jobs[name] = fakes.finished_job(job, ok=ok)
+        phase = "Succeeded" if ok else "Failed"
+        self.observed.pods.append(fakes.job_pod(job, phase=phase, message=message, **pod))
+
+    def run_to_end(self, limit: int = 20) -> Plan:
+        plan = self.reconcile()
+        for _ in range(limit):
+            if plan.status["phase"] in ("Succeeded", "Failed"):
+                return plan
+            for job in self.running_jobs():
+                self.finish(job)
+            plan = self.reconcile()
+        raise AssertionError(f"pipeline did not end: {plan.status}")
+
+
+def _condition(status: dict, type_: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def _container(job: dict) -> dict:
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_first_reconcile_makes_workspace_and_target_and_waits_for_it():
+    cluster = Cluster(fakes.draft_training())
+    plan = plan_training(cluster.body, cluster.observed)
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in plan.create + plan.sync)
+    assert kinds == [
+        ("Deployment", "llama-target"),
+        ("PersistentVolumeClaim", "llama-workspace"),
+        ("Service", "llama-target"),
+    ]
+    pvc = next(o for o in plan.create if o["kind"] == "PersistentVolumeClaim")
+    assert "ownerReferences" not in pvc["metadata"], "the workspace must outlive the DraftTraining by default"
+    assert plan.status["phase"] == "Pending"
+    assert _condition(plan.status, "TargetReady")["reason"] == "Starting"
+    assert _condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
+
+
+def test_target_deployment_follows_the_rocm_recipe():
+    body = fakes.draft_training(
+        target={
+            "model": "pvc://models/llama-8b",
+            "gpus": 2,
+            "tensorParallelSize": 2,
+            "hfTokenSecret": {"name": "hf"},
+            "extraArgs": ["--enforce-eager"],
+        }  # fmt: skip
+    )
+    plan = plan_training(body, TrainingObserved(now=fakes.NOW))
+    deployment = next(o for o in plan.sync if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    vllm = pod["containers"][0]
+    assert vllm["command"] == ["vllm", "serve"]
+    assert vllm["args"][:9] == ["/models/target/llama-8b", "--host", "0.0.0.0", "--port", "8000",
+                                "--served-model-name", "pvc://models/llama-8b", "--tensor-parallel-size", "2"]  # fmt: skip
+    assert vllm["args"][-1] == "--enforce-eager"
+    assert vllm["resources"]["limits"]["amd.com/gpu"] == "2" == vllm["resources"]["requests"]["amd.com/gpu"]
+    assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert {"name": "VLLM_ROCM_USE_AITER", "value": "1"} in vllm["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in vllm[
+        "env"
+    ]
+    assert pod["securityContext"] == {"supplementalGroups": [44], "seccompProfile": {"type": "Unconfined"}}
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    model = next(v for v in pod["volumes"] if v["name"] == "target-model")
+    assert model["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_generate_job_runs_the_contract_command():
+    cluster = Cluster(fakes.draft_training())
+    cluster.reconcile()  # target created, becomes ready in the fake
+    plan = cluster.reconcile()
+    job = next(o for o in plan.create if o["kind"] == "Job")
+    assert job["metadata"]["name"] == "llama-generate"
+    container = _container(job)
+    assert container["command"] == [
+        "eagle3", "generate", "--workspace", "/workspace", "--server", "http://llama-target:8000",
+        "--model", "meta-llama/Llama-3.1-8B-Instruct", "--source", "/sources/prompts/chat.jsonl,mode=chat,weight=1",
+        "--num-samples", "100", "--max-tokens", "1024", "--temperature", "0.7", "--top-p", "0.95",
+        "--concurrency", "64", "--seed", "0", "--on-bad-row", "skip", "--result-file", "/dev/termination-log",
+    ]  # fmt: skip
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert "resources" not in container, "generation talks to the server; it needs no GPU"
+    labels = job["metadata"]["labels"]
+    assert (
+        labels["app.kubernetes.io/managed-by"] == "eagle3-operator"
+        and labels["eagle3.ai/stage"] == "generate"
+    )
+    assert job["spec"]["backoffLimit"] == 2
+    assert plan.status["phase"] == "Running" and plan.status["stage"] == "generate"
+    assert [e.reason for e in plan.events] == ["StageStarted"]
+
+
+def test_offline_pipeline_walks_every_stage_and_reports_results():
+    cluster = Cluster(fakes.draft_training())
+    plan = cluster.run_to_end()
+    status = plan.status
+    assert status["phase"] == "Succeeded"
+    assert [s["name"] for s in status["stages"]] == [
+        "generate",
+        "extract",
+        "train",
+        "evaluate",
+        "select",
+        "export",
+    ]
+    assert all(s["state"] == "Succeeded" for s in status["stages"])
+    assert cluster.created == ["llama-generate", "llama-extract", "llama-train", "llama-eval-50", "llama-eval-100",
+                               "llama-select", "llama-export"]  # fmt: skip
+    assert status["checkpoints"] == [
+        {"step": 50, "acceptanceLength": 2.2, "acceptancePerPosition": [0.6, 0.4]},
+        {"step": 100, "acceptanceLength": 2.4, "acceptancePerPosition": [0.6, 0.4]},
+    ]
+    assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
+    assert status["export"]["uri"] == "pvc://llama-workspace/export"
+    assert _condition(status, "Ready")["status"] == "True"
+    assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
+    assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
+    train = next(s for s in status["stages"] if s["name"] == "train")
+    assert train["metrics"]["loss"] == 1.5
+
+
+def test_stage_pods_get_gpus_and_rocm_settings_where_they_load_the_target():
+    cluster = Cluster(fakes.draft_training(target={"model": "org/m", "gpus": 4}))
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-generate"])
+    plan = cluster.reconcile()
+    extract = next(o for o in plan.create if o["metadata"]["name"] == "llama-extract")
+    container = _container(extract)
+    assert container["command"][:8] == ["eagle3", "extract", "--workspace", "/workspace", "--mode", "offline",
+                                        "--target", "org/m"]  # fmt: skip
+    assert container["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert extract["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"] == [44]
+    # generation is done and nothing else needs the server: the target is scaled down
+    target = next(o for o in plan.sync if o["kind"] == "Deployment")
+    assert target["spec"]["replicas"] == 0
+    assert "TargetScaledDown" in [e.reason for e in plan.events]
+
+
+def test_second_reconcile_with_nothing_new_changes_nothing():
+    cluster = Cluster(fakes.draft_training())
+    cluster.reconcile()
+    cluster.reconcile()
+    before = copy.deepcopy(cluster.body["status"])
+    plan = cluster.reconcile()
+    assert plan.status == before
+    assert plan.events == [] and plan.delete == []
+
+
+def test_streaming_keeps_the_target_for_training_and_online_skips_extraction():
+    cluster = Cluster(fakes.draft_training(hiddenStates={"mode": "streaming"}))
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-generate"])
+    plan = cluster.reconcile()
+    train = next(o for o in plan.create if o["kind"] == "Job")
+    assert train["metadata"]["name"] == "llama-train"
+    assert "--server" in _container(train)["command"]
+    assert next(o for o in plan.sync if o["kind"] == "Deployment")["spec"]["replicas"] == 1
+
+    online = Cluster(fakes.draft_training(hiddenStates={"mode": "online", "layerIds": [1, 5, 9]}))
+    plan = online.run_to_end()
+    assert "extract" not in [s["name"] for s in plan.status["stages"]]
+    train_job = online.observed.jobs["llama-train"]
+    command = _container(train_job)["command"]
+    assert command[command.index("--layer-ids") + 1] == "1,5,9"
+    assert command[command.index("--hidden-states") + 1] == "online"
+
+
+def test_multi_node_training_uses_an_indexed_job_with_torchrun_and_a_headless_service():
+    body = fakes.draft_training(
+        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 8},
+        hiddenStates={"mode": "online"},
+        storage={"accessModes": ["ReadWriteMany"]},
+    )
+    cluster = Cluster(body)
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-generate"])
+    plan = cluster.reconcile()
+    train = next(o for o in plan.create if o["kind"] == "Job")
+    assert train["spec"]["completionMode"] == "Indexed" and train["spec"]["completions"] == 2
+    command = _container(train)["command"]
+    assert command[:7] == ["torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=$(NODE_RANK)",
+                           "--master-addr=llama-train-0.llama-trainer", "--master-port=29500", "--no-python"]  # fmt: skip
+    assert command[7:9] == ["eagle3", "train"]
+    assert train["spec"]["template"]["spec"]["subdomain"] == "llama-trainer"
+    headless = next(
+        o for o in plan.sync if o["kind"] == "Service" and o["metadata"]["name"] == "llama-trainer"
+    )
+    assert headless["spec"]["clusterIP"] == "None"
+    assert _container(train)["resources"]["limits"]["amd.com/gpu"] == "8"
+
+
+def test_failed_stage_reports_the_pod_reason_and_message_then_retries_after_a_spec_edit():
+    cluster = Cluster(fakes.draft_training())
+    cluster.reconcile()
+    cluster.reconcile()
+    job = cluster.observed.jobs["llama-generate"]
+    message = fakes.result("generate", ok=False, message="source /sources/prompts/chat.jsonl: no such file")
+    cluster.finish(job, ok=False, message=message, reason="Error", exit_code=2)
+    plan = cluster.reconcile()
+    failed = _condition(plan.status, "Failed")
+    assert plan.status["phase"] == "Failed"
+    assert failed["status"] == "True" and failed["reason"] == "Error"
+    assert "no such file" in failed["message"] and "exited with code 2" in failed["message"]
+    assert [(e.type, e.reason) for e in plan.events] == [
+        ("Warning", "StageFailed"),
+        ("Normal", "TargetScaledDown"),
+    ]
+    # Nothing is retried until the spec changes.
+    idle = cluster.reconcile()
+    assert [o for o in idle.create if o["kind"] == "Job"] == [] and idle.events == []
+    cluster.body["metadata"]["generation"] = 2
+    cluster.body["spec"]["data"]["sources"][0]["path"] = "fixed.jsonl"
+    plan = cluster.reconcile()
+    assert plan.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "llama-generate"}]
+    assert "Retrying" in [e.reason for e in plan.events]
+    assert _condition(plan.status, "Failed")["status"] == "False"
+    assert next(o for o in plan.sync if o["kind"] == "Deployment")["spec"]["replicas"] == 1, "target back up"
+    plan = cluster.reconcile()
+    assert [o["metadata"]["name"] for o in plan.create if o["kind"] == "Job"] == ["llama-generate-r1"]
+    assert plan.status["phase"] == "Running"
+
+
+def test_failure_without_a_stage_result_uses_the_log_tail():
+    cluster = Cluster(fakes.draft_training())
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-generate"], ok=False, message="Traceback ...\nOSError: disk full",
+                   reason="OOMKilled", exit_code=137)  # fmt: skip
+    status = cluster.reconcile().status
+    assert _condition(status, "Failed")["reason"] == "OOMKilled"
+    assert "disk full" in _condition(status, "Failed")["message"]
+
+
+def test_missing_result_is_waited_for_then_fails():
+    cluster = Cluster(fakes.draft_training())
+    cluster.reconcile()
+    cluster.reconcile()
+    job = cluster.observed.jobs["llama-generate"]
+    cluster.observed.jobs["llama-generate"] = fakes.finished_job(job, ok=True)
+    plan = cluster.reconcile()
+    assert plan.status["phase"] == "Running" and plan.requeue_after
+    cluster.observed.now = fakes.NOW.replace(minute=5)
+    plan = cluster.reconcile()
+    assert plan.status["phase"] == "Failed"
+    assert _condition(plan.status, "Failed")["reason"] == "StageResultMissing"
+
+
+def test_minimum_acceptance_gate_fails_the_selection():
+    cluster = Cluster(fakes.draft_training(evaluation={"minAcceptanceLength": 3.0}))
+    plan = cluster.run_to_end()
+    assert plan.status["phase"] == "Failed"
+    assert _condition(plan.status, "Failed")["reason"] == "AcceptanceBelowMinimum"
+    assert "export" not in plan.status
+
+
+def test_progress_annotation_is_copied_into_status():
+    cluster = Cluster(fakes.draft_training())
+    cluster.reconcile()
+    cluster.reconcile()
+    job = cluster.observed.jobs["llama-generate"]
+    record = {"stage": "generate", "samples": 40, "etaSeconds": 12, "updatedAt": "2026-11-29T09:00:10Z"}
+    cluster.observed.pods.append(
+        fakes.job_pod(
+            job, phase="Running", message=None, annotations={"eagle3.ai/progress": json.dumps(record)}
+        )
+    )
+    status = cluster.reconcile().status
+    assert status["progress"] == {"stage": "generate", "samples": 40, "etaSeconds": 12.0,
+                                  "updatedAt": "2026-11-29T09:00:10Z"}  # fmt: skip
+
+
+def test_queue_name_export_claim_and_quantize():
+    body = fakes.draft_training(
+        scheduling={"queueName": "gpu-queue"},
+        export={"claimName": "drafts", "quantize": "fp8", "format": "speculators"},
+        storage={"retainOnDelete": False},
+    )
+    cluster = Cluster(body)
+    plan = cluster.run_to_end()
+    assert plan.status["phase"] == "Succeeded"
+    assert plan.status["export"]["uri"] == "pvc://drafts/llama"
+    jobs = cluster.observed.jobs
+    assert jobs["llama-train"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert jobs["llama-train"]["spec"]["suspend"] is True
+    export = _container(jobs["llama-export"])["command"]
+    assert export[export.index("--output") + 1] == "/workspace/export"
+    assert export[export.index("--format") + 1] == "speculators"
+    quantize = _container(jobs["llama-quantize"])["command"]
+    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/export", "--output", "/export/llama",
+                            "--scheme", "fp8"]  # fmt: skip
+    first = plan_training(
+        fakes.draft_training(storage={"retainOnDelete": False}), TrainingObserved(now=fakes.NOW)
+    )
+    pvc = next(o for o in first.create if o["kind"] == "PersistentVolumeClaim")
+    assert pvc["metadata"]["ownerReferences"][0]["kind"] == "DraftTraining"
