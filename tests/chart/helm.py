@@ -58,3 +58,15 @@ def rendered_rule_groups(tmp_dir: Path, *values: dict[str, Any]) -> dict[str, An
     enabled = {"prometheusRule": {"enabled": True}}
     (rule,) = render(tmp_dir, enabled, *values, show_only="templates/prometheusrule.yaml")
     return rule["spec"]
+
+
+def install_chart_crds(cluster) -> None:
+    """Apply the chart's CRDs (what `helm install` installs) and wait until the API server serves them."""
+    crd_dir = CHART_DIR / "crds"
+    files = sorted(crd_dir.glob("*.yaml"))
+    assert files, f"{crd_dir} has no CRDs: run `make crds` (eagle3_operator.api.crdgen writes them)"
+    for path in files:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for path in files:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")

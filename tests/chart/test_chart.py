@@ -25,7 +25,7 @@ VALUES_SETS = {
     "no-rbac-existing-sa": [{"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}}],
 }
 # Never granted by the chart: secrets, escalation, impersonation, wildcards.
-FORBIDDEN_VERBS = {"escalate", "impersonate", "*"}
+FORBIDDEN_VERBS = {"bind", "escalate", "impersonate", "*"}
 
 
 def operator_container(objects):
@@ -82,9 +82,17 @@ def test_cluster_wide_rbac(tmp_path):
         ]
     runtime = cluster_roles["eagle3-eagle3-operator-runtime"]["rules"]
     assert runtime == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
-    # The operator may bind the runtime role, and no other.
-    (bind,) = [rule for rule in cluster_roles["eagle3-eagle3-operator"]["rules"] if "bind" in rule["verbs"]]
-    assert bind["resourceNames"] == ["eagle3-eagle3-operator-runtime"] and bind["verbs"] == ["bind"]
+    # Cluster-wide, the runtime ServiceAccount goes to the namespaces listed in runtime.namespaces.
+    assert [sa["metadata"]["name"] for sa in by_kind(objects, "ServiceAccount")] == ["eagle3-eagle3-operator"]
+    objects = render(tmp_path, {"runtime": {"namespaces": ["team-c"]}})
+    (runtime_sa,) = [
+        sa for sa in by_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "eagle3-runtime"
+    ]
+    (runtime_binding,) = by_kind(objects, "RoleBinding")
+    assert runtime_sa["metadata"]["namespace"] == runtime_binding["metadata"]["namespace"] == "team-c"
+    assert runtime_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "eagle3-eagle3-operator-runtime",
+    }  # fmt: skip
 
 
 def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
@@ -107,7 +115,6 @@ def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
         sa for sa in by_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "eagle3-runtime"
     ]
     assert sorted(sa["metadata"]["namespace"] for sa in runtime_accounts) == ["team-a", "team-b"]
-    assert not any(rule for rule in rules_of(objects) if "bind" in rule["verbs"])
 
 
 @pytest.mark.parametrize("name", ["defaults", "namespaced"])
@@ -115,7 +122,7 @@ def test_rbac_is_least_privilege(name, tmp_path):
     for rule in rules_of(render(tmp_path, *VALUES_SETS[name])):
         assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], rule
         assert not FORBIDDEN_VERBS & set(rule["verbs"]), rule
-        assert "secrets" not in rule["resources"] and "nodes" not in rule["resources"], rule
+        assert not {"secrets", "nodes", "serviceaccounts", "rolebindings"} & set(rule["resources"]), rule
         if rule["resources"] == ["pods"]:
             assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, (
                 "pods are created by Jobs/Deployments"
@@ -152,15 +159,15 @@ def test_monitoring_objects_carry_additional_labels(tmp_path):
     assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
     (pod_monitor,) = by_kind(objects, "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
-    assert pod_monitor["spec"]["selector"]["matchLabels"] == {
-        "app.kubernetes.io/component": "spec-decode-server",
-        "app.kubernetes.io/managed-by": "eagle3-operator",
+    assert pod_monitor["spec"]["selector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "eagle3-operator"},
+        "matchExpressions": [{"key": "eagle3.ai/spec-decode-deployment", "operator": "Exists"}],
     }
     relabel = {
         r["targetLabel"]: r["sourceLabels"]
         for r in pod_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
     }
-    assert relabel["specdecodedeployment"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
+    assert relabel["specdecodedeployment"] == ["__meta_kubernetes_pod_label_eagle3_ai_spec_decode_deployment"]
     assert relabel["namespace"] == ["__meta_kubernetes_namespace"]
 
 

@@ -2,7 +2,7 @@
 Prometheus rule groups: recording rules per SpecDecodeDeployment, and alerts. Rendered into the
 PrometheusRule's spec; tests/monitoring runs promtool on exactly this rendering.
 Serving series carry `namespace` and `specdecodedeployment` (the PodMonitor / the operator's
-ServiceMonitor relabels them from the pod's namespace and app.kubernetes.io/instance label).
+ServiceMonitor relabels them from the pod's namespace and eagle3.ai/spec-decode-deployment label).
 */}}
 {{- define "eagle3-operator.ruleGroups" -}}
 {{- $w := .Values.prometheusRule.rateWindow }}
@@ -73,10 +73,10 @@ groups:
           (max by (namespace, deployment) (kube_deployment_spec_replicas) > 0)
           * on (namespace, deployment) group_left (specdecodedeployment)
           label_replace(
-            max by (namespace, deployment, label_app_kubernetes_io_instance) (
-              kube_deployment_labels{label_app_kubernetes_io_managed_by="eagle3-operator", label_app_kubernetes_io_component="spec-decode-server"}
+            max by (namespace, deployment, label_eagle3_ai_spec_decode_deployment) (
+              kube_deployment_labels{label_eagle3_ai_spec_decode_deployment!=""}
             ),
-            "specdecodedeployment", "$1", "label_app_kubernetes_io_instance", "(.*)"
+            "specdecodedeployment", "$1", "label_eagle3_ai_spec_decode_deployment", "(.*)"
           )
           and on (namespace, deployment)
           (max by (namespace, deployment) (kube_deployment_status_replicas_ready) == 0)
