@@ -60,9 +60,8 @@ def test_operator_deployment_defaults(tmp_path):
     probe = container["livenessProbe"]["httpGet"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert probe == {"path": "/healthz", "port": "liveness"} and ports == {"metrics": 8080, "liveness": 8081}
-    env = {item["name"]: item.get("value") for item in container["env"]}
-    assert env["EAGLE3_RUNTIME_IMAGE"] == "ghcr.io/eagle3-ai/eagle3-runtime:0.1.0"
-    assert env["EAGLE3_RUNTIME_SERVICE_ACCOUNT"] == "eagle3-runtime"
+    env = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
+    assert env == {"POD_NAME": "metadata.name"}
     # /tmp is the only writable path.
     assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
 
@@ -208,7 +207,8 @@ BAD_VALUES = [
     ({"prometheusRule": {"alerts": {"servingUnavailable": {"severity": "page"}}}}, "/prometheusRule/alerts/servingUnavailable/severity"),
     ({"metrics": {"serviceMonitor": {"additionalLabels": {"release": 1}}}}, "/metrics/serviceMonitor/additionalLabels/release"),
     ({"grafana": {"dashboards": {"labelValue": 1}}}, "/grafana/dashboards/labelValue"),
-    ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel"),
+    ({"operator": {"verbose": "yes"}}, "/operator/verbose"),
+    ({"runtime": {"image": {"repository": "x"}}}, "image"),  # the runtime image is per DraftTraining
 ]  # fmt: skip
 
 
