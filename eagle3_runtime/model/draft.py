@@ -119,6 +119,12 @@ class Eagle3Draft(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
+    def forward(self, batch, **loss_options):
+        """The whole TTT unroll and loss in one call (FSDP2 gathers parameters around forward)."""
+        from eagle3_runtime.model.loss import ttt_loss
+
+        return ttt_loss(self, batch, **loss_options)
+
 
 def init_weights(model: Eagle3Draft, seed: int) -> None:
     """Deterministic init (std 0.02 linears, unit norms), independent of the process count."""

@@ -1,0 +1,107 @@
+"""Draft directories vLLM loads: the plain eagle3 format and the speculators format.
+
+Plain (`--speculative-config '{"method": "eagle3", "model": DIR, ...}'`): config.json with
+`architectures: [LlamaForCausalLMEagle3]` and the eagle3 fields, weights `fc`, `midlayer.*`,
+`norm`, `lm_head`, `d2t`, `t2d`. Speculators: `speculators_model_type: eagle3`, the layer
+config under `transformer_layer_config`, the verifier under `speculators_config`, weights
+`layers.0.*`. Both omit `d2t`/`t2d` when the draft vocabulary is the target's (vLLM refuses
+them then) and never carry the embeddings (vLLM shares the target's).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3_runtime.model.config import draft_config_dict
+
+WEIGHTS_FILE = "model.safetensors"
+SKIPPED_PREFIXES = ("embed_tokens.", "rotary_emb.")
+
+
+def draft_weights(state: dict[str, torch.Tensor], config: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    full_vocab = config.draft_vocab_size == config.vocab_size
+    out = {}
+    for name, tensor in state.items():
+        if name.startswith(SKIPPED_PREFIXES) or (full_vocab and name in ("d2t", "t2d")):
+            continue
+        tensor = tensor.detach().cpu()
+        out[name] = tensor.to(dtype).contiguous() if tensor.is_floating_point() else tensor.contiguous()
+    return out
+
+
+def write_eagle3_dir(
+    out: Path, state: dict[str, torch.Tensor], config: Any, *, dtype: torch.dtype = torch.bfloat16
+) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype_name = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(
+        json.dumps(draft_config_dict(config, dtype=dtype_name), indent=2, sort_keys=True)
+    )
+    save_file(draft_weights(state, config, dtype), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    return out
+
+
+def read_eagle3_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    directory = Path(directory)
+    config_path, weights_path = directory / "config.json", directory / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: not an eagle3 draft directory")
+    return json.loads(config_path.read_text()), load_file(str(weights_path))
+
+
+def write_speculators_dir(out: Path, eagle3_dir: Path, *, verifier: str, speculative_tokens: int) -> Path:
+    """Re-label a plain eagle3 directory in the speculators format."""
+    config, weights = read_eagle3_dir(eagle3_dir)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    layer_config = {
+        k: v
+        for k, v in config.items()
+        if k
+        not in ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+    }
+    speculators_config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "draft_vocab_size": config["draft_vocab_size"],
+        "target_hidden_size": config.get("target_hidden_size"),
+        "eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
+        # The residual is taken before hidden_norm, as vLLM's plain eagle3 default.
+        "norm_before_residual": False,
+        "transformer_layer_config": layer_config,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "torch_dtype": config.get("torch_dtype", "bfloat16"),
+    }
+    (out / "config.json").write_text(json.dumps(speculators_config, indent=2, sort_keys=True))
+    renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in weights.items()}
+    save_file(renamed, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    return out
+
+
+def copy_draft_dir(source: Path, out: Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Plain eagle3 export of a checkpoint: its weights cast to the serving dtype."""
+    config, weights = read_eagle3_dir(source)
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    dtype_name = str(dtype).removeprefix("torch.")
+    config.update(dtype=dtype_name, torch_dtype=dtype_name)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
+    save_file(cast, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    return out

@@ -1,0 +1,1 @@
+"""The draft trainer: packing hidden-state samples, the TTT training loop, FSDP2, checkpoints."""

@@ -1,0 +1,296 @@
+"""The training loop: AdamW, warmup + cosine, grad clipping, bf16 autocast on GPU, FSDP2
+under torchrun, checkpoints with exact resume, progress bar and JSON metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from eagle3_runtime.layout import Workspace
+from eagle3_runtime.model.draft import Eagle3Draft, init_weights
+from eagle3_runtime.model.loss import TTTBatch, TTTStats
+from eagle3_runtime.model.vocab import DraftVocab
+from eagle3_runtime.progress import ProgressReporter
+from eagle3_runtime.target import TargetHead
+from eagle3_runtime.train.checkpoint import complete_checkpoints, read_checkpoint, write_checkpoint
+from eagle3_runtime.train.data import RowStream, SampleSource, stack_rows
+from eagle3_runtime.train.distributed import DistributedContext, shard_model
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "train-metrics.jsonl"
+
+
+@dataclass
+class TrainSettings:
+    steps: int
+    learning_rate: float
+    batch_tokens: int  # tokens per optimizer step, over all ranks
+    seq_len: int = 2048
+    ttt_steps: int = 7
+    loss_decay: float = 0.8
+    checkpoint_every: int = 0  # 0: only at the end
+    seed: int = 0
+    warmup_steps: int | None = None  # default: 5 % of the steps
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    attention: str = "auto"  # eager | flex | auto (flex on GPU)
+
+    @property
+    def rows_per_step(self) -> int:
+        return max(1, self.batch_tokens // self.seq_len)
+
+    def learning_rate_factor(self, step: int) -> float:
+        warmup = self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 20)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, self.steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class DraftTrainer:
+    def __init__(
+        self,
+        *,
+        settings: TrainSettings,
+        draft_config: Any,
+        vocab: DraftVocab,
+        embeddings: torch.Tensor,
+        target_head: TargetHead,
+        source: SampleSource,
+        context: DistributedContext,
+        workspace: Workspace | None = None,
+        progress: ProgressReporter | None = None,
+        show_progress_bar: bool = True,
+    ):
+        if settings.steps <= 0:
+            raise ValueError(f"--steps must be positive, got {settings.steps}")
+        if settings.rows_per_step % context.world_size:
+            raise ValueError(
+                f"{settings.rows_per_step} rows of {settings.seq_len} tokens per step cannot be split "
+                f"over {context.world_size} processes: choose --batch-tokens as a multiple of "
+                f"{settings.seq_len * context.world_size}"
+            )
+        if embeddings.shape != (draft_config.vocab_size, draft_config.hidden_size):
+            raise ValueError(
+                f"target embeddings are {tuple(embeddings.shape)}, the draft config expects "
+                f"({draft_config.vocab_size}, {draft_config.hidden_size})"
+            )
+        self.settings, self.context, self.workspace, self.progress = settings, context, workspace, progress
+        self.show_progress_bar = show_progress_bar and context.is_main
+        self.draft_config, self.vocab = draft_config, vocab
+        device = context.device
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+        )
+        self.attention = (
+            settings.attention
+            if settings.attention != "auto"
+            else ("flex" if device.type == "cuda" else "eager")
+        )
+
+        torch.manual_seed(settings.seed)
+        draft = Eagle3Draft(draft_config)
+        init_weights(draft, settings.seed)
+        with torch.no_grad():
+            draft.embed_tokens.weight.copy_(embeddings)
+            draft.d2t.copy_(vocab.d2t)
+            draft.t2d.copy_(vocab.t2d)
+        self.model = shard_model(draft.to(device), context)
+        self.target_head = target_head.to(device)
+        self.draft_ids = None if vocab.is_full else vocab.used_ids.to(device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=settings.learning_rate,
+            betas=(0.9, 0.95),
+            weight_decay=settings.weight_decay,
+            fused=device.type == "cuda",
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, settings.learning_rate_factor)
+        self.stream = RowStream(
+            source,
+            settings.seq_len,
+            hidden_size=draft_config.target_hidden_size,
+            vocab_size=draft_config.vocab_size,
+        )
+        self.step = 0
+        self.checkpoints: list[int] = []
+        self.last_summary: dict[str, Any] = {}
+        if workspace is not None:
+            self.checkpoints = complete_checkpoints(workspace)
+            if self.checkpoints:
+                self._resume(self.checkpoints[-1])
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def _batch(self) -> tuple[TTTBatch, int]:
+        rows = self.stream.take(
+            self.settings.rows_per_step, rank=self.context.rank, world_size=self.context.world_size
+        )
+        dtype = torch.bfloat16 if self.context.device.type == "cuda" else torch.float32
+        tensors = stack_rows(rows, self.context.device, dtype)
+        batch = TTTBatch(
+            input_ids=tensors["input_ids"],
+            aux_hidden_states=tensors["aux_hidden_states"],
+            target_logits=self.target_head(tensors["last_hidden_state"]),
+            predict_mask=tensors["predict_mask"],
+            document_ids=tensors["document_ids"],
+            positions=tensors["positions"],
+        )
+        return batch, sum(r.num_tokens for r in rows)
+
+    def train_step(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        batch, tokens = self._batch()
+        with self.autocast:
+            loss, stats = self.model(
+                batch,
+                steps=self.settings.ttt_steps,
+                decay=self.settings.loss_decay,
+                draft_ids=self.draft_ids,
+                attention_backend=self.attention,
+                reduce_counts=self.context.all_reduce_sum,
+            )
+        # FSDP averages gradients over ranks; the loss is already normalised globally.
+        (loss * self.context.world_size).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        if isinstance(grad_norm, torch.distributed.tensor.DTensor):
+            grad_norm = grad_norm.full_tensor()
+        learning_rate = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        reduced = self.context.all_reduce_sum(
+            torch.cat([stats.as_tensor().flatten(), torch.tensor([float(tokens)], device=loss.device)])
+        )
+        global_tokens = int(reduced[-1].item())
+        summary = TTTStats.from_tensor(reduced[:-1].view(5, -1).cpu()).summary(self.settings.loss_decay)
+        elapsed = time.perf_counter() - started
+        summary.update(
+            step=self.step,
+            learning_rate=learning_rate,
+            grad_norm=float(grad_norm),
+            tokens=global_tokens,
+            tokens_per_second=global_tokens / elapsed,
+        )
+        return summary
+
+    # --- loop ---------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        total = self.settings.steps
+        bar = None
+        if self.show_progress_bar and self.step < total:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        started, first_step = time.monotonic(), self.step
+        while self.step < total:
+            summary = self.train_step()
+            self.last_summary = summary
+            self._log_metrics(summary)
+            eta = (time.monotonic() - started) / (self.step - first_step) * (total - self.step)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(
+                    f"loss {summary['loss']:.3f} acc "
+                    + "/".join(f"{a:.2f}" for a in summary["accuracy_per_position"])
+                    + f" sim-AL {summary['simulated_acceptance_length']:.2f}"
+                )
+            if self.progress is not None and self.context.is_main:
+                self.progress.report(
+                    force=self.step == total,
+                    step=self.step,
+                    totalSteps=total,
+                    loss=round(summary["loss"], 4),
+                    accuracyPerPosition=[round(a, 4) for a in summary["accuracy_per_position"]],
+                    samples=None,
+                    etaSeconds=round(eta),
+                )
+            every = self.settings.checkpoint_every
+            if self.workspace is not None and (self.step == total or (every and self.step % every == 0)):
+                self.save_checkpoint()
+        if bar is not None:
+            bar.close()
+        return self.last_summary
+
+    def _log_metrics(self, summary: dict[str, Any]) -> None:
+        if self.workspace is None or not self.context.is_main:
+            return
+        self.workspace.reports_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.workspace.reports_dir / METRICS_FILE, "a") as handle:
+            handle.write(json.dumps(summary) + "\n")
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(self.model, options=options)
+        optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        if self.context.is_main:
+            training_state = {
+                "step": self.step,
+                "rows_consumed": self.stream.rows_consumed,
+                "optimizer": optimizer_state,
+                "scheduler": self.scheduler.state_dict(),
+                "settings": asdict(self.settings),
+                "world_size": self.context.world_size,
+            }
+            manifest = {
+                "metrics": {k: v for k, v in self.last_summary.items() if k != "step"},
+                "settings": asdict(self.settings),
+            }
+            model_state = {k: v for k, v in model_state.items() if not k.startswith("embed_tokens.")}
+            write_checkpoint(
+                self.workspace,
+                self.step,
+                model_state=model_state,
+                draft_config=self.draft_config,
+                training_state=training_state,
+                manifest=manifest,
+            )
+        self.context.barrier()
+        self.checkpoints.append(self.step)
+
+    def _resume(self, step: int) -> None:
+        from eagle3_runtime.export import read_eagle3_dir
+
+        manifest, state = read_checkpoint(self.workspace, step)
+        _, weights = read_eagle3_dir(self.workspace.checkpoint_dir(step))
+        if "d2t" in weights and not torch.equal(weights["d2t"], self.vocab.d2t):
+            raise ValueError(f"checkpoint step-{step:08d} was trained with another draft vocabulary")
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(self.model, weights, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.skip(state["rows_consumed"])
+        self.step = state["step"]
+        self.last_summary = {"step": self.step, **manifest.get("metrics", {})}
+        self._truncate_metrics(self.step)
+        log.info("resumed from checkpoint step-%08d", step)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metrics an interrupted run logged after the checkpoint it resumes from."""
+        if not self.context.is_main:
+            return
+        path = self.workspace.reports_dir / METRICS_FILE
+        if path.exists():
+            lines = [
+                line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step
+            ]
+            path.write_text("".join(line + "\n" for line in lines))

@@ -1,0 +1,152 @@
+"""Trainer: learning, FSDP2 over 2 gloo processes == 1 process, exact resume, clear errors."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from eagle3_runtime.layout import Workspace
+from eagle3_runtime.model.config import draft_config_from_target
+from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
+from eagle3_runtime.target import TargetHead
+from eagle3_runtime.train.distributed import init_distributed
+from eagle3_runtime.train.synthetic import synthetic_samples, synthetic_target
+from eagle3_runtime.train.trainer import METRICS_FILE, DraftTrainer, TrainSettings
+
+VOCAB, HIDDEN = 64, 32
+
+
+def make_trainer(
+    workspace, *, steps=8, checkpoint_every=0, num_samples=12, hidden=HIDDEN, draft_vocab=48, **kw
+):
+    target = synthetic_target(VOCAB, HIDDEN)
+    config = LlamaConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+    )
+    draft_config = draft_config_from_target(config, layer_ids="auto", draft_vocab_size=draft_vocab)
+
+    def source():
+        target_for_states = synthetic_target(VOCAB, hidden)
+        return synthetic_samples(target_for_states, num_samples=num_samples, length=40, seed=1)
+
+    vocab = build_draft_vocab(
+        count_tokens(((s.input_ids, s.loss_mask) for s in source()), VOCAB), draft_vocab
+    )
+    settings = TrainSettings(
+        steps=steps,
+        learning_rate=3e-3,
+        batch_tokens=256,
+        seq_len=128,
+        ttt_steps=3,
+        checkpoint_every=checkpoint_every,
+        warmup_steps=2,
+        **kw,
+    )
+    return DraftTrainer(
+        settings=settings,
+        draft_config=draft_config,
+        vocab=vocab,
+        embeddings=target["embeddings"],
+        target_head=TargetHead(target["norm"], target["lm_head"], config.rms_norm_eps),
+        source=source,
+        context=init_distributed("cpu"),
+        workspace=Workspace(workspace) if workspace else None,
+        show_progress_bar=False,
+    )
+
+
+def losses(workspace) -> dict[int, float]:
+    lines = (Path(workspace) / "reports" / METRICS_FILE).read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+
+def test_training_learns_the_synthetic_chain(tmp_path):
+    trainer = make_trainer(tmp_path, steps=30)
+    first = trainer.train_step()
+    for _ in range(29):
+        last = trainer.train_step()
+    assert last["loss"] < 0.85 * first["loss"]
+    assert last["accuracy_per_position"][0] > 0.4 > first["accuracy_per_position"][0]
+    assert last["simulated_acceptance_length"] > first["simulated_acceptance_length"]
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
+    make_trainer(tmp_path / "straight", steps=6, checkpoint_every=3).train()
+    interrupted = make_trainer(tmp_path / "resumed", steps=6, checkpoint_every=3)
+    for _ in range(4):  # checkpoint at 3, then one more step that is lost in the "crash"
+        interrupted.last_summary = interrupted.train_step()
+        interrupted._log_metrics(interrupted.last_summary)
+        if interrupted.step == 3:
+            interrupted.save_checkpoint()
+    resumed = make_trainer(tmp_path / "resumed", steps=6, checkpoint_every=3)
+    assert resumed.step == 3
+    resumed.train()
+    straight, again = losses(tmp_path / "straight"), losses(tmp_path / "resumed")
+    assert sorted(again) == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):
+        assert again[step] == pytest.approx(straight[step], rel=1e-6, abs=1e-7), step
+    manifest = json.loads((tmp_path / "resumed/checkpoints/step-00000006/manifest.json").read_text())
+    assert manifest["step"] == 6
+    assert (tmp_path / "resumed/checkpoints/step-00000006/config.json").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_world(world_size: int, out: Path) -> dict[int, float]:
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": str(world_size),
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        assert p.wait(timeout=300) == 0
+    return losses(out)
+
+
+def test_two_gloo_processes_match_one(tmp_path):
+    one = _run_world(1, tmp_path / "one")
+    two = _run_world(2, tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, 9))
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-4), step
+    assert two[8] < two[1]
+
+
+def test_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="hidden_size"):
+        make_trainer(None, hidden=HIDDEN + 8).train_step()
+    with pytest.raises(ValueError, match="empty"):
+        make_trainer(None, num_samples=0)
+    with pytest.raises(ValueError, match="larger than the target"):
+        make_trainer(None, draft_vocab=VOCAB + 1)
+
+
+if __name__ == "__main__":  # one rank of the gloo test, started under torchrun's env variables
+    torch.set_num_threads(1)
+    make_trainer(sys.argv[1], steps=8).train()
+    torch.distributed.destroy_process_group()
