@@ -1,0 +1,89 @@
+"""Carry out a Plan with as few writes as possible: nothing is written for an object already as desired."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from eagle3_operator.kube import FIELD_MANAGER, Kube
+from eagle3_operator.reconcile.plan import Plan, iso
+
+log = logging.getLogger(__name__)
+INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """True when every field we set has our value in the live object (the server adds defaults)."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(map(contains, live, desired))
+    return live == desired
+
+
+def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch of the top-level status keys that changed (lists such as conditions go whole)."""
+    keys = set(old) | set(new)
+    return {k: new.get(k) for k in sorted(keys) if new.get(k) != old.get(k)}
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def apply_plan(
+    kube: Kube, owner: dict[str, Any], plan: Plan, live: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    for obj in plan.create:
+        if key(obj) not in live:
+            log.info("creating %s %s", obj["kind"], obj["metadata"]["name"])
+            kube.create(obj)
+    for obj in plan.sync:
+        current = live.get(key(obj))
+        # List items carry no apiVersion/kind; everything else we set must be there as we set it.
+        wanted = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+        if current is None or not contains(current, wanted):
+            log.info("%s %s %s", "updating" if current else "creating", obj["kind"], obj["metadata"]["name"])
+            kube.apply(obj)
+    namespace = owner["metadata"]["namespace"]
+    for gone in plan.delete:
+        log.info("deleting %s %s", gone["kind"], gone["name"])
+        kube.delete(gone["apiVersion"], gone["kind"], namespace, gone["name"])
+    patch = status_patch(owner.get("status") or {}, plan.status)
+    if patch:
+        kube.patch_status(owner["apiVersion"], owner["kind"], namespace, owner["metadata"]["name"], patch)
+    for event in plan.events:
+        post_event(kube, owner, event.type, event.reason, event.message)
+
+
+def post_event(kube: Kube, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    meta = owner["metadata"]
+    now = iso(datetime.now(UTC))
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": FIELD_MANAGER,
+        "reportingInstance": INSTANCE,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        kube.post_event(event)
+    except Exception as exc:  # noqa: BLE001 - an event is never worth failing the reconcile for
+        log.warning("could not post event %s for %s: %s", reason, meta["name"], exc)

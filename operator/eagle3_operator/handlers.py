@@ -1,0 +1,106 @@
+"""kopf wiring: watch events of our resources and of their children trigger the Reconciler.
+
+Only event handlers and a slow timer: kopf keeps no per-handler progress on the objects, so
+an unchanged object is never written to (the timer's finalizer is added once).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from eagle3_operator import GROUP, VERSION
+from eagle3_operator.api.draft_training import PLURAL as DT_PLURAL
+from eagle3_operator.api.spec_decode_deployment import PLURAL as SDD_PLURAL
+from eagle3_operator.kube import Kube
+from eagle3_operator.reconcile import meta
+from eagle3_operator.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+FINALIZER = "eagle3.ai/finalizer"
+RESYNC_INTERVAL_S = 120.0
+_state: dict[str, Reconciler] = {}
+
+
+def reconciler() -> Reconciler:
+    if "reconciler" not in _state:
+        _state["reconciler"] = Reconciler(Kube())
+    return _state["reconciler"]
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """kopf settings per docs/architecture.md: own domain, bounded workers, watch timeouts."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="eagle3.ai")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="eagle3.ai", key="last-handled-configuration"
+    )
+    # Watches behind load balancers can freeze silently: reconnect well before the usual 5-10 min idle cuts.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.connect_timeout = 10
+    settings.watching.reconnect_backoff = 1.0
+    settings.queueing.worker_limit = 64
+    settings.execution.max_workers = 16
+    settings.networking.request_timeout = 60
+    # Only warnings from kopf's own logs become Events; the operator posts its transitions itself.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "eagle3-operator"
+    reconciler()
+
+
+def _is_deleted(event: dict[str, Any]) -> bool:
+    return event.get("type") == "DELETED"
+
+
+@kopf.on.event(GROUP, VERSION, DT_PLURAL)
+def draft_training_event(event: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
+    # On DELETED the reconcile finds nothing and clears the object's metrics.
+    reconciler().reconcile_training(namespace, name)
+
+
+@kopf.timer(GROUP, VERSION, DT_PLURAL, interval=RESYNC_INTERVAL_S, initial_delay=RESYNC_INTERVAL_S)
+def draft_training_resync(
+    name: str, namespace: str, status: dict[str, Any], meta: dict[str, Any], **_: Any
+) -> None:
+    """Safety net for missed watch events; a finished, unchanged training needs no reads."""
+    if status.get("phase") in ("Succeeded", "Failed") and status.get("observedGeneration") == meta.get(
+        "generation"
+    ):
+        return
+    reconciler().reconcile_training(namespace, name)
+
+
+def _parent_training(labels: dict[str, str]) -> str | None:
+    return labels.get(meta.DRAFT_TRAINING_LABEL)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={meta.DRAFT_TRAINING_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={meta.DRAFT_TRAINING_LABEL: kopf.PRESENT})
+def training_child_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+    parent = _parent_training(labels)
+    if parent:
+        reconciler().reconcile_training(namespace, parent)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": meta.MANAGED_BY})
+def deployment_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+    if training := labels.get(meta.DRAFT_TRAINING_LABEL):
+        reconciler().reconcile_training(namespace, training)
+    if serving := labels.get(meta.SPEC_DECODE_LABEL):
+        reconciler().reconcile_serving(namespace, serving)
+
+
+@kopf.on.event(GROUP, VERSION, SDD_PLURAL)
+def spec_decode_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
+    reconciler().note_serving(dict(body), deleted=_is_deleted(event))
+    if not _is_deleted(event):
+        reconciler().reconcile_serving(namespace, name)
+
+
+@kopf.timer(GROUP, VERSION, SDD_PLURAL, interval=RESYNC_INTERVAL_S, initial_delay=RESYNC_INTERVAL_S)
+def spec_decode_resync(name: str, namespace: str, **_: Any) -> None:
+    reconciler().reconcile_serving(namespace, name)

@@ -1,0 +1,153 @@
+"""A small Kubernetes REST client on top of the kubernetes package, counting every request it makes.
+
+Plain dicts in and out (the planners work on dicts), and one place that knows resource paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import Counter
+from typing import Any
+
+from kubernetes import client, config
+
+from eagle3_operator import API_VERSION
+
+FIELD_MANAGER = "eagle3-operator"
+WRITE_VERBS = ("create", "patch", "apply", "delete")
+RESOURCES = {
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Service"): "services",
+    ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
+    ("apps/v1", "Deployment"): "deployments",
+    ("batch/v1", "Job"): "jobs",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    (API_VERSION, "DraftTraining"): "drafttrainings",
+    (API_VERSION, "SpecDecodeDeployment"): "specdecodedeployments",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(ApiError):
+    def __init__(self, path: str):
+        super().__init__(404, f"not found: {path}")
+
+
+def load_api_client() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str = "") -> str:
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{root}/namespaces/{namespace}/{RESOURCES[(api_version, kind)]}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient | None = None):
+        self.api = api_client or load_api_client()
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()  # verb -> count, for tests and benchmarks
+
+    @property
+    def writes(self) -> int:
+        with self._lock:
+            return sum(self.requests[v] for v in WRITE_VERBS)
+
+    def _call(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        with self._lock:
+            self.requests[verb] += 1
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, body, _ = self.api.param_serialize(
+            method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
+        data = response.read()
+        if response.status == 404:
+            raise NotFound(path)
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, f"{method} {path}: {data.decode(errors='replace')[:2000]}")
+        return json.loads(data) if data else {}
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("get", "GET", resource_path(api_version, kind, namespace, name))
+        except NotFound:
+            return None
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = self._call(
+            "list", "GET", resource_path(api_version, kind, namespace), query=[("labelSelector", selector)]
+        )
+        return result.get("items") or []
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it exists already (a concurrent reconcile made it)."""
+        path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
+        try:
+            return self._call("create", "POST", path, body=obj)
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply with the operator's field manager (creates when missing)."""
+        meta = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return self._call(
+            "apply", "PATCH", path, body=obj, query=query, content_type="application/apply-patch+yaml"
+        )
+
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        path = resource_path(api_version, kind, namespace, name, "status")
+        self._call(
+            "patch", "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+        )
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        path = resource_path(api_version, kind, namespace, name)
+        with contextlib.suppress(NotFound):
+            self._call("delete", "DELETE", path, body={"propagationPolicy": "Background"})
+
+    def post_event(self, event: dict[str, Any]) -> None:
+        self._call("create", "POST", resource_path("v1", "Event", event["metadata"]["namespace"]), body=event)
+
+    def served_kinds(self, api_version: str) -> set[str]:
+        """Kinds the API server serves in a group version; empty when the group is not installed."""
+        try:
+            result = self._call("discovery", "GET", f"/apis/{api_version}")
+        except ApiError:
+            return set()
+        return {r["kind"] for r in result.get("resources") or [] if "/" not in r["name"]}

@@ -1,0 +1,144 @@
+"""The operator's Prometheus metrics (names are a contract with the Helm chart's dashboards and alerts)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+
+disable_created_metrics()
+
+RECONCILES = Counter("eagle3_operator_reconcile_total", "Reconciles by kind and result.", ["kind", "result"])
+RECONCILE_SECONDS = Histogram(
+    "eagle3_operator_reconcile_duration_seconds",
+    "Time of one reconcile (reads, planning, writes).",
+    ["kind"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RECONCILE_ERRORS = Counter("eagle3_operator_reconcile_errors_total", "Reconciles that raised.", ["kind"])
+RESOURCES = Gauge(
+    "eagle3_operator_resources",
+    "Custom resources by kind, namespace and phase.",
+    ["kind", "namespace", "phase"],
+)
+TRAINING_LABELS = ["namespace", "name"]
+TRAINING_STEP = Gauge("eagle3_draft_training_step", "Latest training step.", TRAINING_LABELS)
+TRAINING_TOTAL_STEPS = Gauge("eagle3_draft_training_total_steps", "Training steps planned.", TRAINING_LABELS)
+TRAINING_LOSS = Gauge("eagle3_draft_training_loss", "Latest training loss.", TRAINING_LABELS)
+TRAINING_BEST_ACCEPTANCE = Gauge(
+    "eagle3_draft_training_best_acceptance_length",
+    "Best measured mean acceptance length among evaluated checkpoints.",
+    TRAINING_LABELS,
+)
+TRAINING_LAST_PROGRESS = Gauge(
+    "eagle3_draft_training_last_progress_timestamp_seconds",
+    "Unix time of the latest progress record of a running DraftTraining.",
+    TRAINING_LABELS,
+)
+_TRAINING_GAUGES = (
+    TRAINING_STEP,
+    TRAINING_TOTAL_STEPS,
+    TRAINING_LOSS,
+    TRAINING_BEST_ACCEPTANCE,
+    TRAINING_LAST_PROGRESS,
+)
+
+
+class PhaseTracker:
+    """Counts objects per (kind, namespace, phase) from the latest phase seen for each object."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phases: dict[tuple[str, str, str], str] = {}
+
+    def set(self, kind: str, namespace: str, name: str, phase: str | None) -> None:
+        with self._lock:
+            if phase is None:
+                self._phases.pop((kind, namespace, name), None)
+            else:
+                self._phases[(kind, namespace, name)] = phase
+            counts: dict[tuple[str, str, str], int] = {}
+            for (k, ns, _), p in self._phases.items():
+                counts[(k, ns, p)] = counts.get((k, ns, p), 0) + 1
+            for labels in list(RESOURCES._metrics):  # noqa: SLF001 - zero series whose objects are gone
+                if labels not in counts:
+                    RESOURCES.labels(*labels).set(0)
+            for labels, count in counts.items():
+                RESOURCES.labels(*labels).set(count)
+
+
+PHASES = PhaseTracker()
+
+
+@contextmanager
+def reconcile_timer(kind: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception:
+        RECONCILES.labels(kind, "error").inc()
+        RECONCILE_ERRORS.labels(kind).inc()
+        raise
+    else:
+        RECONCILES.labels(kind, "success").inc()
+    finally:
+        RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - start)
+
+
+def _timestamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Training gauges from a DraftTraining's status."""
+    labels = (namespace, name)
+    PHASES.set("DraftTraining", namespace, name, status.get("phase"))
+    train = next((s for s in status.get("stages") or [] if s.get("name") == "train"), {})
+    progress = status.get("progress") or {}
+    from_progress = progress.get("stage") == "train"
+    metrics = train.get("metrics") or {}
+    step = metrics.get("step") if train.get("state") == "Succeeded" else None
+    step = step if step is not None else (progress.get("step") if from_progress else None)
+    total = metrics.get("total_steps") or (progress.get("totalSteps") if from_progress else None)
+    loss = (
+        metrics.get("loss")
+        if train.get("state") == "Succeeded"
+        else (progress.get("loss") if from_progress else None)
+    )
+    lengths = [
+        c["acceptanceLength"]
+        for c in status.get("checkpoints") or []
+        if c.get("acceptanceLength") is not None
+    ]
+    best = (status.get("bestCheckpoint") or {}).get("acceptanceLength")
+    best = best if best is not None else (max(lengths) if lengths else None)
+    for gauge, value in (
+        (TRAINING_STEP, step),
+        (TRAINING_TOTAL_STEPS, total),
+        (TRAINING_LOSS, loss),
+        (TRAINING_BEST_ACCEPTANCE, best),
+        (TRAINING_LAST_PROGRESS, _timestamp(progress.get("updatedAt"))),
+    ):
+        if value is not None:
+            gauge.labels(*labels).set(float(value))
+
+
+def forget_training(namespace: str, name: str) -> None:
+    PHASES.set("DraftTraining", namespace, name, None)
+    for gauge in _TRAINING_GAUGES:
+        with suppress(KeyError):
+            gauge.remove(namespace, name)
+
+
+def serve(port: int, address: str) -> None:
+    start_http_server(port, addr=address)

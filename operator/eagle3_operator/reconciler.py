@@ -1,0 +1,141 @@
+"""Reconcile one object: read it and its children, plan (pure), apply the plan, record metrics."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from eagle3_operator import API_VERSION, metrics
+from eagle3_operator.apply import apply_plan, key
+from eagle3_operator.kube import Kube
+from eagle3_operator.reconcile import meta
+from eagle3_operator.reconcile.serving import MONITORING_API, ServingObserved, plan_serving
+from eagle3_operator.reconcile.training import TrainingObserved, plan_training
+
+log = logging.getLogger(__name__)
+DT, SDD = "DraftTraining", "SpecDecodeDeployment"
+MONITOR_KINDS_TTL_S = 60.0
+
+
+class Reconciler:
+    def __init__(self, kube: Kube):
+        self.kube = kube
+        self._locks: defaultdict[tuple[str, str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+        # (namespace, DraftTraining) -> SpecDecodeDeployments that take their draft from it.
+        self._consumers: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+        self._monitor_kinds: tuple[float, set[str]] = (0.0, set())
+        self._requeued: set[tuple[str, str, str]] = set()
+
+    def _lock(self, *ident: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[ident]
+
+    # ---- DraftTraining ---------------------------------------------------------------------------
+
+    def reconcile_training(self, namespace: str, name: str) -> None:
+        with self._lock(DT, namespace, name), metrics.reconcile_timer(DT):
+            body = self.kube.get(API_VERSION, DT, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                metrics.forget_training(namespace, name)
+                return
+            selector = f"{meta.DRAFT_TRAINING_LABEL}={name}"
+            listed = {
+                kind: self.kube.list(api_version, kind, namespace, selector)
+                for api_version, kind in (
+                    ("batch/v1", "Job"),
+                    ("v1", "Pod"),
+                    ("apps/v1", "Deployment"),
+                    ("v1", "Service"),
+                    ("v1", "PersistentVolumeClaim"),
+                )
+            }
+            observed = TrainingObserved(
+                now=datetime.now(UTC),
+                jobs={j["metadata"]["name"]: j for j in listed["Job"]},
+                pods=listed["Pod"],
+                deployments={d["metadata"]["name"]: d for d in listed["Deployment"]},
+            )
+            plan = plan_training(body, observed)
+            live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
+            apply_plan(self.kube, body, plan, live)
+            metrics.record_training(namespace, name, plan.status)
+            if plan.requeue_after:
+                self._requeue(DT, namespace, name, plan.requeue_after)
+            phase_changed = (body.get("status") or {}).get("phase") != plan.status.get("phase")
+        if phase_changed:
+            for consumer in sorted(self._consumers.get((namespace, name), ())):
+                self.reconcile_serving(namespace, consumer)
+
+    # ---- SpecDecodeDeployment --------------------------------------------------------------------
+
+    def note_serving(self, body: dict[str, Any], deleted: bool = False) -> None:
+        """Remember which DraftTraining a SpecDecodeDeployment waits for (from its watch events)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for (ns, _), consumers in list(self._consumers.items()):
+            if ns == namespace:
+                consumers.discard(name)
+        source = ((body.get("spec") or {}).get("draft") or {}).get("fromDraftTraining")
+        if source and not deleted:
+            self._consumers[(namespace, source)].add(name)
+        if deleted:
+            metrics.PHASES.set(SDD, namespace, name, None)
+
+    def monitor_kinds(self) -> set[str]:
+        fetched_at, kinds = self._monitor_kinds
+        if time.monotonic() - fetched_at > MONITOR_KINDS_TTL_S:
+            kinds = self.kube.served_kinds(MONITORING_API) & {"ServiceMonitor", "PodMonitor"}
+            self._monitor_kinds = (time.monotonic(), kinds)
+        return kinds
+
+    def reconcile_serving(self, namespace: str, name: str) -> None:
+        with self._lock(SDD, namespace, name), metrics.reconcile_timer(SDD):
+            body = self.kube.get(API_VERSION, SDD, namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                metrics.PHASES.set(SDD, namespace, name, None)
+                return
+            self.note_serving(body)
+            selector = f"{meta.SPEC_DECODE_LABEL}={name}"
+            deployments = self.kube.list("apps/v1", "Deployment", namespace, selector)
+            services = self.kube.list("v1", "Service", namespace, selector)
+            kinds = self.monitor_kinds()
+            monitors = {
+                kind: self.kube.list(MONITORING_API, kind, namespace, selector) for kind in sorted(kinds)
+            }
+            source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
+            training = self.kube.get(API_VERSION, DT, namespace, source) if source else None
+            deployment = next((d for d in deployments if d["metadata"]["name"] == name), None)
+            observed = ServingObserved(
+                now=datetime.now(UTC), deployment=deployment, draft_training=training, monitor_kinds=kinds
+            )
+            plan = plan_serving(body, observed)
+            listed = {"Deployment": deployments, "Service": services, **monitors}
+            live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
+            apply_plan(self.kube, body, plan, live)
+            conditions = {c["type"]: c["status"] for c in plan.status.get("conditions") or []}
+            metrics.PHASES.set(
+                SDD, namespace, name, "Available" if conditions.get("Available") == "True" else "Unavailable"
+            )
+
+    # ---- scheduling ------------------------------------------------------------------------------
+
+    def _requeue(self, kind: str, namespace: str, name: str, delay: float) -> None:
+        ident = (kind, namespace, name)
+        if ident in self._requeued:
+            return
+        self._requeued.add(ident)
+
+        def run() -> None:
+            self._requeued.discard(ident)
+            try:
+                self.reconcile_training(namespace, name)
+            except Exception:  # noqa: BLE001 - logged; the periodic resync retries
+                log.exception("requeued reconcile of %s %s/%s failed", kind, namespace, name)
+
+        timer = threading.Timer(delay, run)
+        timer.daemon = True
+        timer.start()
