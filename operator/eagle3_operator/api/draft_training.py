@@ -111,7 +111,8 @@ class TrainingSpec(ApiModel):
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 cel(
-                    "self.checkpointEvery <= self.steps",
+                    # has(): the API server checks the section's default ({}) before its fields are defaulted.
+                    "!has(self.checkpointEvery) || !has(self.steps) || self.checkpointEvery <= self.steps",
                     "checkpointEvery must not exceed steps",
                     field_path=".checkpointEvery",
                 )
@@ -187,7 +188,7 @@ class StorageSpec(ApiModel):
     )
     access_modes: Annotated[
         list[Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]], Field(min_length=1, max_length=3)
-    ] = Field(default_factory=lambda: ["ReadWriteOnce"], description="Access modes of the workspace PVC.")
+    ] = Field(["ReadWriteOnce"], description="Access modes of the workspace PVC.")
     existing_claim: DnsName | None = Field(
         None, description="Use this existing PVC as the workspace instead of creating one."
     )
@@ -335,7 +336,7 @@ class DraftTraining(ApiModel):
                 cel(
                     "size(self.metadata.name) <= 40",
                     "metadata.name must be at most 40 characters (child Job names derive from it)",
-                    reason="FieldValueTooLong",
+                    reason="FieldValueInvalid",
                 ),
                 cel(
                     "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Running' "

@@ -112,7 +112,7 @@ class SpecDecodeDeployment(ApiModel):
                 cel(
                     "size(self.metadata.name) <= 50",
                     "metadata.name must be at most 50 characters (child names derive from it)",
-                    reason="FieldValueTooLong",
+                    reason="FieldValueInvalid",
                 ),
             ]
         }

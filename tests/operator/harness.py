@@ -1,0 +1,298 @@
+"""Running the operator against the test bed, and the test's share of the cluster (volumes, pods).
+
+The operator runs as its own process (`python -m eagle3_operator.main`), exactly as in a pod,
+so a restart is a real restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from eagle3_runtime.layout import StageResult
+from tests.support.cluster import ApiError, LocalCluster, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_DIR = REPO / "crds"
+GROUP_PATH = "/apis/eagle3.ai/v1alpha1"
+WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE"}
+WATCHED_RESOURCES = {
+    "drafttrainings", "specdecodedeployments", "jobs", "pods", "deployments", "services",
+    "persistentvolumeclaims", "events", "servicemonitors", "podmonitors",
+}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def install_crds(cluster: LocalCluster) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    for crd in ("drafttrainings.eagle3.ai", "specdecodedeployments.eagle3.ai"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+
+
+class OperatorProcess:
+    """The operator as a subprocess watching the given namespaces; logs go to a file."""
+
+    def __init__(self, cluster: LocalCluster, namespaces: list[str], log_path: Path):
+        self.cluster = cluster
+        self.namespaces = namespaces
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+        self.starts = 0
+
+    def start(self) -> OperatorProcess:
+        self.metrics_port, liveness_port = free_port(), free_port()
+        env = self.cluster.env() | {"PYTHONPATH": f"{REPO / 'operator'}{os.pathsep}{REPO}"}
+        args = [sys.executable, "-m", "eagle3_operator.main", "--bind-address", "127.0.0.1",
+                "--metrics-port", str(self.metrics_port), "--liveness-port", str(liveness_port)]  # fmt: skip
+        for namespace in self.namespaces:
+            args += ["--namespace", namespace]
+        log = self.log_path.open("ab")
+        log.write(f"\n===== operator start {self.starts + 1} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.starts += 1
+
+        def alive() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{liveness_port}/healthz", timeout=2
+                ) as response:
+                    return response.status == 200
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_until(alive, timeout=60, interval=0.3, what="operator liveness endpoint")
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        want = tuple(sorted(labels.items()))
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and set(want) <= set(ls))
+
+
+def apiserver_writes(cluster: LocalCluster, resources: set[str] = WATCHED_RESOURCES) -> float:
+    """Write requests the API server has served for these resources since it started (its own metric)."""
+    text = cluster.kubectl("get", "--raw", "/metrics")
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            if sample.labels.get("verb") in WRITE_VERBS and sample.labels.get("resource") in resources:
+                total += sample.value
+    return total
+
+
+def bind_volume(cluster: LocalCluster, namespace: str, claim: str, *, create_claim: bool) -> None:
+    """A hostPath PV pre-bound to the claim: the test bed has no volume provisioner."""
+    cluster.request(
+        "POST",
+        "/api/v1/persistentvolumes",
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{namespace}-{claim}"},
+            "spec": {
+                "capacity": {"storage": "1Ti"},
+                "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                "hostPath": {"path": f"/tmp/eagle3-tests/{namespace}/{claim}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+                "persistentVolumeReclaimPolicy": "Retain",
+            },
+        },
+    )
+    if create_claim:
+        cluster.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+            {
+                "metadata": {"name": claim},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                },  # fmt: skip
+            },
+        )
+
+
+def get(cluster: LocalCluster, path: str) -> dict[str, Any] | None:
+    try:
+        return cluster.request("GET", path)
+    except ApiError as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def draft_training_path(namespace: str, name: str = "") -> str:
+    return f"{GROUP_PATH}/namespaces/{namespace}/drafttrainings" + (f"/{name}" if name else "")
+
+
+def spec_decode_path(namespace: str, name: str = "") -> str:
+    return f"{GROUP_PATH}/namespaces/{namespace}/specdecodedeployments" + (f"/{name}" if name else "")
+
+
+def items(cluster: LocalCluster, path: str, selector: str) -> list[dict[str, Any]]:
+    return cluster.request("GET", f"{path}?labelSelector={selector}")["items"]
+
+
+def jobs_of(cluster: LocalCluster, namespace: str, training: str) -> dict[str, dict[str, Any]]:
+    found = items(
+        cluster, f"/apis/batch/v1/namespaces/{namespace}/jobs", f"eagle3.ai/draft-training={training}"
+    )
+    return {j["metadata"]["name"]: j for j in found}
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def stage_result(stage: str, **metrics: Any) -> str:
+    return StageResult(stage=stage, metrics=metrics).to_message()
+
+
+def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    pods = items(cluster, f"/api/v1/namespaces/{namespace}/pods", f"batch.kubernetes.io/job-name={job}")
+    return [p for p in pods if p["status"].get("phase") == "Running"]
+
+
+# What each stage "reports" when the tests play its pods (numbers are arbitrary but checked).
+TRAIN_CHECKPOINTS = ["50", "100"]
+
+
+def result_for(stage: str, job: str) -> str:
+    if stage == "generate":
+        return stage_result(stage, samples=100, tokens=51200, tokens_per_second=900.0, bad_rows=0)
+    if stage == "extract":
+        return stage_result(stage, samples=100, tokens=51200)
+    if stage == "train":
+        return stage_result(stage, step=100, total_steps=100, loss=1.25, accuracy_per_position=[0.7, 0.5, 0.4],
+                            simulated_acceptance_length=2.1, checkpoints=TRAIN_CHECKPOINTS)  # fmt: skip
+    if stage == "evaluate":
+        step = int(job.rsplit("-", 1)[-1])
+        return stage_result(stage, step=step, acceptance_length=2.0 + step / 250, acceptance_per_position=[0.6, 0.4],
+                            tokens_per_second=120.0, speedup=1.8)  # fmt: skip
+    if stage == "select":
+        return stage_result(stage, step=100, acceptance_length=2.4)
+    return StageResult(stage=stage, artifacts={"draft": "export"}).to_message()
+
+
+STAGE_JOBS = [
+    ("generate", ["generate"]),
+    ("extract", ["extract"]),
+    ("train", ["train"]),
+    ("evaluate", ["eval-50", "eval-100"]),
+    ("select", ["select"]),
+    ("export", ["export"]),
+]
+
+
+def wait_for_stage_pods(cluster: LocalCluster, namespace: str, jobs: list[str]) -> dict[str, list[dict]]:
+    def ready() -> dict[str, list[dict]] | None:
+        pods = {job: running_pods_of_job(cluster, namespace, job) for job in jobs}
+        return pods if all(pods.values()) else None
+
+    return wait_until(ready, timeout=60, interval=0.3, what=f"running pods of {jobs}")
+
+
+def complete_stage(cluster: LocalCluster, namespace: str, stage: str, jobs: list[str]) -> None:
+    for job, pods in wait_for_stage_pods(cluster, namespace, jobs).items():
+        for pod in pods:
+            cluster.complete_pod(namespace, pod["metadata"]["name"], message=result_for(stage, job))
+
+
+def stage_record(body: dict[str, Any], stage: str) -> dict[str, Any]:
+    return next((s for s in (body.get("status") or {}).get("stages") or [] if s["name"] == stage), {})
+
+
+def wait_stage_succeeded(cluster: LocalCluster, namespace: str, name: str, stage: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        body = cluster.request("GET", draft_training_path(namespace, name))
+        if (body.get("status") or {}).get("phase") == "Failed":
+            raise AssertionError(f"training failed: {condition(body, 'Failed')}")
+        return body if stage_record(body, stage).get("state") == "Succeeded" else None
+
+    return wait_until(done, timeout=60, interval=0.3, what=f"stage {stage} of {name} to succeed")
+
+
+def drive_to_success(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
+    """Play every stage's pods of an offline-mode DraftTraining until it succeeds."""
+    for stage, suffixes in STAGE_JOBS:
+        complete_stage(cluster, namespace, stage, [f"{name}-{s}" for s in suffixes])
+        body = wait_stage_succeeded(cluster, namespace, name, stage)
+    assert body["status"]["phase"] == "Succeeded", body["status"]
+    return body
+
+
+def training_body(namespace: str, name: str = "llama", **spec: Any) -> dict[str, Any]:
+    body = {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "DraftTraining",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "target": {"model": "meta-llama/Llama-3.1-8B-Instruct"},
+            "data": {"sources": [{"claimName": "prompts", "path": "chat.jsonl"}], "numSamples": 100},
+            "training": {"steps": 100, "checkpointEvery": 50},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def prepare_training_volumes(cluster: LocalCluster, namespace: str, name: str = "llama") -> None:
+    bind_volume(cluster, namespace, f"{name}-workspace", create_claim=False)
+    bind_volume(cluster, namespace, "prompts", create_claim=True)
+
+
+def events_of(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    found = cluster.request(
+        "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name={name}"
+    )
+    return found["items"]

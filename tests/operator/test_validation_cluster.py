@@ -1,0 +1,120 @@
+"""The API server itself refuses invalid objects, with messages that name the field (CRD schema + CEL)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.operator import fakes
+from tests.operator.harness import draft_training_path, spec_decode_path
+from tests.support.cluster import ApiError, LocalCluster
+
+
+def _dt(**changes: Any) -> dict[str, Any]:
+    body = fakes.draft_training()
+    body["metadata"] = {"name": "invalid"}
+    for path, value in changes.items():
+        node = body
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is _DROP:
+            node.pop(leaf)
+        else:
+            node[leaf] = value
+    return body
+
+
+def _sdd(**changes: Any) -> dict[str, Any]:
+    body = fakes.spec_decode()
+    body["metadata"] = {"name": "invalid"}
+    for path, value in changes.items():
+        node = body
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return body
+
+
+_DROP = object()
+INVALID = [
+    # (case id, object, text the refusal must contain: the field, and for CEL rules the message)
+    ("dt-no-data", _dt(**{"spec.data": _DROP}), "spec.data: Required value"),
+    ("dt-no-sources", _dt(**{"spec.data.sources": []}), "spec.data.sources"),
+    ("dt-bad-model", _dt(**{"spec.target.model": "not a model!"}), "spec.target.model"),
+    ("dt-bad-quantization", _dt(**{"spec.target.quantization": "int4"}), "spec.target.quantization"),
+    ("dt-gpus-below-tp", _dt(**{"spec.target.tensorParallelSize": 4, "spec.target.gpus": 2}),
+     "gpus must be at least tensorParallelSize"),
+    ("dt-bad-hidden-mode", _dt(**{"spec.hiddenStates": {"mode": "magic"}}), "spec.hiddenStates.mode"),
+    ("dt-two-layer-ids", _dt(**{"spec.hiddenStates": {"layerIds": [1, 2]}}), "spec.hiddenStates.layerIds"),
+    ("dt-duplicate-layer-ids", _dt(**{"spec.hiddenStates": {"layerIds": [3, 3, 5]}}), "spec.hiddenStates.layerIds"),
+    ("dt-checkpoint-after-end", _dt(**{"spec.training": {"steps": 10, "checkpointEvery": 50}}),
+     "checkpointEvery must not exceed steps"),
+    ("dt-loss-decay", _dt(**{"spec.training": {"lossDecay": 1.5}}), "spec.training.lossDecay"),
+    ("dt-learning-rate", _dt(**{"spec.training": {"learningRate": 0}}), "spec.training.learningRate"),
+    ("dt-multinode-rwo", _dt(**{"spec.training": {"nodes": 2}}), "spec.storage.accessModes"),
+    ("dt-export-format", _dt(**{"spec.export": {"format": "onnx"}}), "spec.export.format"),
+    ("dt-export-path-no-claim", _dt(**{"spec.export": {"path": "drafts/x"}}), "export.path needs export.claimName"),
+    ("dt-storage-size", _dt(**{"spec.storage": {"size": "lots"}}), "spec.storage.size"),
+    ("dt-long-name", _dt(**{"metadata.name": "a" * 41}), "metadata.name must be at most 40 characters"),
+    ("dt-bad-tolerance", _dt(**{"spec.scheduling": {"tolerations": [{"operator": "Maybe"}]}}),
+     "spec.scheduling.tolerations[0].operator"),
+    ("sdd-both-drafts", _sdd(**{"spec.draft": {"model": "org/d", "fromDraftTraining": "x"}}),
+     "set exactly one of draft.model or draft.fromDraftTraining"),
+    ("sdd-no-draft", _sdd(**{"spec.draft": {}}), "set exactly one of draft.model or draft.fromDraftTraining"),
+    ("sdd-zero-tokens", _sdd(**{"spec.numSpeculativeTokens": 0}), "spec.numSpeculativeTokens"),
+    ("sdd-negative-replicas", _sdd(**{"spec.replicas": -1}), "spec.replicas"),
+    ("sdd-service-type", _sdd(**{"spec.service": {"type": "Ingress"}}), "spec.service.type"),
+    ("sdd-interval", _sdd(**{"spec.monitoring": {"interval": "soon"}}), "spec.monitoring.interval"),
+    ("sdd-env-both", _sdd(**{"spec.target.env": [{"name": "A", "value": "1",
+                                                   "valueFrom": {"secretKeyRef": {"name": "s"}}}]}),
+     "env entries take value or valueFrom, not both"),
+    ("sdd-gpu-resource", _sdd(**{"spec.target.gpuResourceName": "nvidia.com/gpu"}), "spec.target.gpuResourceName"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body,expected", [pytest.param(b, e, id=i) for i, b, e in INVALID])
+def test_api_server_refuses_invalid_objects(crds: LocalCluster, namespace: str, body: dict, expected: str):
+    path = (draft_training_path if body["kind"] == "DraftTraining" else spec_decode_path)(namespace)
+    with pytest.raises(ApiError) as refused:
+        crds.request("POST", path, body)
+    assert refused.value.status == 422, refused.value
+    assert expected in str(refused.value), f"refusal does not say {expected!r}: {refused.value}"
+
+
+def test_valid_objects_are_accepted_with_defaults(crds: LocalCluster, namespace: str):
+    created = crds.request("POST", draft_training_path(namespace), _dt(**{"metadata.name": "ok"}))
+    spec = created["spec"]
+    assert spec["training"]["tttSteps"] == 3 and spec["storage"]["retainOnDelete"] is True
+    assert spec["hiddenStates"]["mode"] == "offline" and spec["target"]["image"].startswith(
+        "vllm/vllm-openai-rocm"
+    )
+    sdd = crds.request("POST", spec_decode_path(namespace), _sdd(**{"metadata.name": "ok"}))
+    assert sdd["spec"]["replicas"] == 1 and sdd["spec"]["monitoring"]["serviceMonitor"] is True
+
+
+def test_target_is_immutable_while_running_and_editable_after_failure(crds: LocalCluster, namespace: str):
+    crds.request("POST", draft_training_path(namespace), _dt(**{"metadata.name": "frozen"}))
+    path = draft_training_path(namespace, "frozen")
+    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Running"}})
+    change = {"spec": {"target": {"model": "org/other-model"}}}
+    with pytest.raises(ApiError) as refused:
+        crds.request("PATCH", path, change)
+    assert refused.value.status == 422
+    assert "spec.target" in str(refused.value) and "immutable while the training is Running" in str(
+        refused.value
+    )
+    # Other fields stay editable while running.
+    crds.request("PATCH", path, {"spec": {"evaluation": {"numSpeculativeTokens": 4}}})
+    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Failed"}})
+    assert crds.request("PATCH", path, copy.deepcopy(change))["spec"]["target"]["model"] == "org/other-model"
+
+
+def test_kubectl_explain_describes_fields(crds: LocalCluster):
+    text = " ".join(crds.kubectl("explain", "drafttraining.spec.hiddenStates.mode").split())
+    assert "offline: an extraction Job writes them to the workspace" in text
+    text = " ".join(crds.kubectl("explain", "sdd.spec.draft.fromDraftTraining").split())
+    assert "its exported draft is used once it succeeds" in text
