@@ -64,7 +64,12 @@ class Prometheus:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_until(self._ready, timeout=60, interval=0.5, what=f"Prometheus ready (log {self.workdir}/prometheus.log)")
+        wait_until(
+            self._ready,
+            timeout=60,
+            interval=0.5,
+            what=f"Prometheus ready (log {self.workdir}/prometheus.log)",
+        )
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -78,7 +83,9 @@ class Prometheus:
 
     def _ready(self) -> bool:
         if self.process.poll() is not None:
-            raise RuntimeError(f"prometheus exited {self.process.returncode}: see {self.workdir}/prometheus.log")
+            raise RuntimeError(
+                f"prometheus exited {self.process.returncode}: see {self.workdir}/prometheus.log"
+            )
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
                 return response.status == 200

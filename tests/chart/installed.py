@@ -1,0 +1,254 @@
+"""The chart installed into the test bed, with the real operator running under the chart's ServiceAccount.
+
+Shared by tests/chart/test_install.py (RBAC) and tests/monitoring/test_live_prometheus.py (which
+needs a running operator with real metrics). The chart's Deployment gets a fake (kwok) pod; the
+operator process that does the work runs here, out of cluster, with a kubeconfig that holds only the
+ServiceAccount's token, so it has exactly the chart's rights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.chart.helm import CHART_DIR, helm
+from tests.operator.harness import (
+    OperatorProcess,
+    bind_volume,
+    draft_training_path,
+    get,
+    items,
+    stage_result,
+)
+from tests.support.cluster import LocalCluster, wait_until
+
+RUNTIME_ACCOUNT = "eagle3-runtime"
+DATA_CLAIM = "prompts"
+MONITORING_KINDS = {
+    "ServiceMonitor": "servicemonitors",
+    "PodMonitor": "podmonitors",
+    "PrometheusRule": "prometheusrules",
+}
+
+
+class AsServiceAccount:
+    """The test bed as seen through a kubeconfig holding a ServiceAccount's token (no admin rights)."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, account: str, workdir: Path):
+        admin = yaml.safe_load(cluster.kubeconfig.read_text())
+        token = cluster.service_account_token(namespace, account, expiration_s=3600)
+        self.cluster = cluster
+        self.kubeconfig = workdir / f"{namespace}-{account}.kubeconfig"
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "testbed", "cluster": admin["clusters"][0]["cluster"]}],
+                    "users": [{"name": account, "user": {"token": token}}],
+                    "contexts": [{"name": account, "context": {"cluster": "testbed", "user": account}}],
+                    "current-context": account,
+                }
+            )
+        )
+
+    def env(self) -> dict[str, str]:
+        """What OperatorProcess runs with: the test bed's environment, this kubeconfig."""
+        return self.cluster.env() | {"KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.cluster.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    def can(self, verb: str, resource: str, namespace: str) -> bool:
+        return self.kubectl("auth", "can-i", verb, resource, "-n", namespace).stdout.strip() == "yes"
+
+    def annotate_pod(self, namespace: str, pod: str, key: str, value: str) -> None:
+        result = self.kubectl("annotate", "--overwrite", "-n", namespace, f"pod/{pod}", f"{key}={value}")
+        assert result.returncode == 0, f"annotating pod {pod} as {self.kubeconfig.stem}: {result.stderr}"
+
+
+def stand_in_crd(kind: str, plural: str) -> dict[str, Any]:
+    """A schema-less stand-in for a Prometheus Operator CRD (the real ones cannot be downloaded here)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],  # fmt: skip
+        },
+    }
+
+
+@contextmanager
+def prometheus_operator_crds(cluster: LocalCluster) -> Iterator[None]:
+    """ServiceMonitor, PodMonitor and PrometheusRule served while inside (other suites expect none)."""
+    for kind, plural in MONITORING_KINDS.items():
+        cluster.apply(stand_in_crd(kind, plural))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com", "--timeout=60s"
+        )
+    try:
+        yield
+    finally:
+        for plural in MONITORING_KINDS.values():
+            cluster.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--wait=true", timeout=120)
+
+
+@dataclass
+class Installation:
+    release: str
+    system: str  # the release's namespace
+    work: str  # where the DraftTraining and SpecDecodeDeployment live
+    as_operator: AsServiceAccount
+    as_runtime: AsServiceAccount
+    operator: OperatorProcess
+
+
+@contextmanager
+def installed(cluster: LocalCluster, tmp_path: Path, *, mode: str, release: str) -> Iterator[Installation]:
+    """helm install (monitors and rules on) and the operator started with the chart's ServiceAccount.
+
+    mode "namespaced" lists the work namespace in watchNamespaces; "cluster-wide" only gives it the
+    runtime ServiceAccount (runtime.namespaces).
+    """
+    work = cluster.create_namespace(manual=True)  # stage pods stay Running until the test ends them
+    system = cluster.create_namespace()
+    key = "watchNamespaces" if mode == "namespaced" else "runtime.namespaces"
+    operator = None
+    try:
+        helm(
+            "install", release, str(CHART_DIR), "--namespace", system, "--set", f"{key}={{{work}}}",
+            "--set", "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,prometheusRule.enabled=true",
+            env=cluster.env(), timeout=180,
+        )  # fmt: skip
+        as_operator = AsServiceAccount(cluster, system, f"{release}-eagle3-operator", tmp_path)
+        as_runtime = AsServiceAccount(cluster, work, RUNTIME_ACCOUNT, tmp_path)
+        bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
+        operator = OperatorProcess(
+            as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log"
+        )
+        operator.start()
+        yield Installation(release, system, work, as_operator, as_runtime, operator)
+    except BaseException:
+        if operator and operator.proc:
+            print(f"--- operator log ---\n{operator.log_tail(150)}")
+        raise
+    finally:
+        if operator:
+            operator.stop()
+        helm("uninstall", release, "--namespace", system, "--wait", env=cluster.env(), timeout=120)
+        cluster.delete_namespace(work)
+        cluster.delete_namespace(system)
+
+
+def training_manifest(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "DraftTraining",
+        "metadata": {"name": name},
+        "spec": {
+            "target": {"model": "org/tiny-llama", "gpus": 1},
+            "runtime": {"serviceAccountName": RUNTIME_ACCOUNT, "backoffLimit": 0},
+            "data": {"sources": [{"claimName": DATA_CLAIM, "path": "chat.jsonl"}], "numSamples": 64},
+            "hiddenStates": {"mode": "offline"},
+            "training": {"steps": 40, "checkpointEvery": 20},
+            "evaluation": {"everyCheckpoints": 1, "numSpeculativeTokens": 3},
+            "storage": {"size": "1Gi"},
+        },
+    }
+
+
+def serving_manifest(name: str, training: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "SpecDecodeDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "target": {"model": "org/tiny-llama", "gpus": 1},
+            "draft": {"fromDraftTraining": training},
+            "numSpeculativeTokens": 3,
+            "replicas": 1,
+        },
+    }
+
+
+def stage_metrics(stage: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """Plausible results of each stage, per docs/contracts.md's table; best checkpoint: step 40, 2.5."""
+    if stage == "generate":
+        return {"samples": 64, "tokens": 20000, "tokens_per_second": 500.0, "bad_rows": 0}
+    if stage == "extract":
+        return {"samples": 64, "tokens": 20000}
+    if stage == "train":
+        return {
+            "step": 40, "total_steps": 40, "loss": 1.25, "accuracy_per_position": [0.7, 0.5, 0.35],
+            "simulated_acceptance_length": 2.4, "checkpoints": ["20", "40"],
+        }  # fmt: skip
+    if stage == "evaluate":
+        command = pod["spec"]["containers"][0]["command"]
+        step = int(command[command.index("--checkpoint") + 1].removeprefix("step-"))
+        return {
+            "step": step, "acceptance_length": 1.5 + step / 40, "acceptance_per_position": [0.6, 0.4, 0.2],
+            "tokens_per_second": 300.0, "speedup": 1.8,
+        }  # fmt: skip
+    if stage == "select":
+        return {"step": 40, "acceptance_length": 2.5}
+    return {}
+
+
+def play_stage_pods(installation: Installation, training: str) -> None:
+    """End every running stage pod of the training with its StageResult, after a progress report
+    sent as the pod's own (runtime) ServiceAccount."""
+    cluster, work = installation.as_runtime.cluster, installation.work
+    pods = items(cluster, f"/api/v1/namespaces/{work}/pods", f"eagle3.ai/draft-training={training}")
+    for pod in pods:
+        stage = (pod["metadata"].get("labels") or {}).get("eagle3.ai/stage")
+        if not stage or pod["status"].get("phase") != "Running":
+            continue
+        name = pod["metadata"]["name"]
+        assert pod["spec"].get("serviceAccountName") == RUNTIME_ACCOUNT, pod["spec"].get("serviceAccountName")
+        progress = {
+            "stage": stage,
+            "step": 20,
+            "totalSteps": 40,
+            "loss": 1.5,
+            "updatedAt": "2026-11-29T09:00:00Z",
+        }
+        installation.as_runtime.annotate_pod(work, name, "eagle3.ai/progress", json.dumps(progress))
+        cluster.complete_pod(work, name, message=stage_result(stage, **stage_metrics(stage, pod)))
+
+
+def run_training(installation: Installation, name: str, timeout: float = 240) -> dict[str, Any]:
+    """Create a DraftTraining, play its stage pods until it Succeeded; its final status."""
+    cluster, work = installation.as_runtime.cluster, installation.work
+    bind_volume(cluster, work, f"{name}-workspace", create_claim=False)
+    cluster.apply(training_manifest(name), namespace=work)
+
+    def succeeded() -> dict[str, Any] | None:
+        play_stage_pods(installation, name)
+        status = (get(cluster, draft_training_path(work, name)) or {}).get("status") or {}
+        assert status.get("phase") != "Failed", json.dumps(status, indent=1)
+        return status if status.get("phase") == "Succeeded" else None
+
+    return wait_until(succeeded, timeout=timeout, interval=0.5, what=f"DraftTraining {name} Succeeded")

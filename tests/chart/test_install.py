@@ -1,0 +1,71 @@
+"""`helm install` into the test bed; the real operator, with the token of the chart's ServiceAccount,
+takes a DraftTraining through every stage and a SpecDecodeDeployment to Available.
+
+Any right the chart forgot fails the test: the pipeline stalls, or the operator logs a refusal. The
+stage pods' progress reports are sent with the runtime ServiceAccount's token (the runtime Role).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.chart.installed import installed, prometheus_operator_crds, run_training, serving_manifest
+from tests.operator.harness import condition, get, spec_decode_path
+from tests.support.cluster import wait_until
+
+REFUSED = re.compile(r"\b403\b|[Ff]orbidden")
+
+
+@pytest.mark.parametrize("mode", ["namespaced", "cluster-wide"])
+def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cluster, tmp_path):
+    with (
+        prometheus_operator_crds(cluster),
+        installed(cluster, tmp_path, mode=mode, release=f"e3{mode[:2]}") as inst,
+    ):
+        work, system = inst.work, inst.system
+        for kind in ("servicemonitor", "podmonitor", "prometheusrule", "deployment", "service"):
+            assert cluster.kubectl("get", kind, "-n", system, "-o", "name").strip(), (
+                f"helm installed no {kind}"
+            )
+        # The kubeconfigs carry no more than the chart's rights.
+        assert inst.as_operator.can("create", "jobs", work) and not inst.as_operator.can(
+            "list", "secrets", work
+        )
+        assert inst.as_runtime.can("patch", "pods", work) and not inst.as_runtime.can("create", "pods", work)
+
+        cluster.apply(serving_manifest("serve", "train"), namespace=work)
+        status = run_training(inst, "train")
+        assert [s["name"] for s in status["stages"]] == [
+            "generate",
+            "extract",
+            "train",
+            "evaluate",
+            "select",
+            "export",
+        ]
+        assert all(s["state"] == "Succeeded" for s in status["stages"])
+        assert [c["step"] for c in status["checkpoints"]] == [20, 40]
+        assert status["bestCheckpoint"] == {"step": 40, "acceptanceLength": 2.5}
+
+        def available() -> dict[str, Any] | None:
+            body = get(cluster, spec_decode_path(work, "serve")) or {}
+            return body if condition(body, "Available").get("status") == "True" else None
+
+        serving = wait_until(available, timeout=120, interval=0.5, what="SpecDecodeDeployment Available")
+        assert condition(serving, "DraftResolved").get("status") == "True"
+        assert serving["status"]["readyReplicas"] == 1
+        # The operator made the SpecDecodeDeployment's ServiceMonitor with the chart's rights.
+        assert cluster.kubectl("get", "servicemonitor", "serve", "-n", work, "-o", "name").strip()
+
+        url = f"http://127.0.0.1:{inst.operator.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            metrics = response.read().decode()
+        assert (
+            f'eagle3_draft_training_best_acceptance_length{{name="train",namespace="{work}"}} 2.5' in metrics
+        )
+        refused = [line for line in inst.operator.log_path.read_text().splitlines() if REFUSED.search(line)]
+        assert not refused, "the operator was refused:\n" + "\n".join(refused[:20])
