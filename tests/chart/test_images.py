@@ -2,7 +2,8 @@
 
 No container engine runs here, so the images are not built: the Dockerfiles are parsed with
 dockerfile-parse, and what the image would run is checked against the sources it installs (the
-console scripts of pyproject.toml, the `eagle3` CLI's stages, the pinned vLLM base image).
+console scripts of pyproject.toml, the `eagle3` CLI's stages, the pinned vLLM base image). The
+commands of the pods the real operator creates are checked the same way in test_install.py.
 """
 
 from __future__ import annotations

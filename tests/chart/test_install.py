@@ -7,12 +7,16 @@ stage pods' progress reports are sent with the runtime ServiceAccount's token (t
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from typing import Any
 
 import pytest
+from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
+from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
+from tests.chart.images import command_problem
 from tests.chart.installed import installed, prometheus_operator_crds, run_training, serving_manifest
 from tests.operator.harness import condition, get, spec_decode_path
 from tests.support.cluster import wait_until
@@ -58,6 +62,16 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
         serving = wait_until(available, timeout=120, interval=0.5, what="SpecDecodeDeployment Available")
         assert condition(serving, "DraftResolved").get("status") == "True"
         assert serving["status"]["readyReplicas"] == 1
+        # Every pod command the operator wrote runs in the image it names.
+        jobs = json.loads(cluster.kubectl("get", "jobs", "-n", work, "-o", "json"))["items"]
+        deployments = json.loads(cluster.kubectl("get", "deployments", "-n", work, "-o", "json"))["items"]
+        assert len(jobs) == 7  # generate, extract, train, 2 x evaluate, select, export
+        for obj in jobs + deployments:
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                problem = command_problem(container["command"])
+                assert problem is None, f"{obj['metadata']['name']}: {container['command']}: {problem}"
+                vllm = container["command"][0] == "vllm"
+                assert container["image"] == (DEFAULT_VLLM_IMAGE if vllm else DEFAULT_RUNTIME_IMAGE)
         # The operator made the SpecDecodeDeployment's ServiceMonitor with the chart's rights.
         assert cluster.kubectl("get", "servicemonitor", "serve", "-n", work, "-o", "name").strip()
 
