@@ -124,6 +124,7 @@ class Installation:
     as_operator: AsServiceAccount
     as_runtime: AsServiceAccount
     operator: OperatorProcess
+    notes: str  # what `helm install` printed
 
 
 @contextmanager
@@ -138,7 +139,7 @@ def installed(cluster: LocalCluster, tmp_path: Path, *, mode: str, release: str)
     key = "watchNamespaces" if mode == "namespaced" else "runtime.namespaces"
     operator = None
     try:
-        helm(
+        notes = helm(
             "install", release, str(CHART_DIR), "--namespace", system, "--set", f"{key}={{{work}}}",
             "--set", "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,prometheusRule.enabled=true",
             env=cluster.env(), timeout=180,
@@ -150,7 +151,7 @@ def installed(cluster: LocalCluster, tmp_path: Path, *, mode: str, release: str)
             as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log"
         )
         operator.start()
-        yield Installation(release, system, work, as_operator, as_runtime, operator)
+        yield Installation(release, system, work, as_operator, as_runtime, operator, notes)
     except BaseException:
         if operator and operator.proc:
             print(f"--- operator log ---\n{operator.log_tail(150)}")

@@ -31,6 +31,10 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
         installed(cluster, tmp_path, mode=mode, release=f"e3{mode[:2]}") as inst,
     ):
         work, system = inst.work, inst.system
+        # NOTES.txt tells the user what to apply next.
+        namespace_hint = work if mode == "namespaced" else "<namespace>"
+        assert f"kubectl apply -n {namespace_hint} -f examples/drafttraining.yaml" in inst.notes, inst.notes
+        assert f"kubectl -n {system} rollout status deployment/{inst.release}-eagle3-operator" in inst.notes
         for kind in ("servicemonitor", "podmonitor", "prometheusrule", "deployment", "service"):
             assert cluster.kubectl("get", kind, "-n", system, "-o", "name").strip(), (
                 f"helm installed no {kind}"
