@@ -29,6 +29,9 @@ from typing import Any, Literal
 import torch
 
 FORMAT = "eagle3-conversations/v1"
+# Samples are cut to this many tokens in every hidden-state mode, so the modes see the same
+# tokens; an extraction server needs a max model length of one more (it samples one token).
+DEFAULT_MAX_LENGTH = 2047
 MANIFEST = "manifest.json"
 Mode = Literal["chat", "completion"]
 
@@ -142,6 +145,13 @@ def tokenized_records(
         ids, mask = tokenize_record(record, tokenizer, max_length)
         if ids.numel() >= 2 and bool(mask.any()):
             yield ids, mask
+
+
+def iter_token_records(
+    directory: str | Path, target: str, max_length: int = DEFAULT_MAX_LENGTH
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids, loss_mask) of every usable record in a `generate` output directory."""
+    return tokenized_records(iter_records(directory), load_tokenizer(target), max_length)
 
 
 def load_tokenizer(model: str):

@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 
 
+def _terminate_with_parent() -> None:
+    """Runs in the child before exec: ask Linux for SIGTERM when the launching process dies,
+    so a killed pipeline or test never leaves a server behind."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 class VLLMServerError(RuntimeError):
     pass
 
@@ -63,17 +72,19 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout_s: float = 900.0,
+        host: str = "127.0.0.1",
+        port: int | None = None,
     ):
         self.model = str(model)
         self.served_model_name = served_model_name or self.model
         self.log_path = Path(log_path)
-        self.port = free_port()
+        self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
         self.command = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model,
             "--served-model-name", self.served_model_name,
-            "--host", "127.0.0.1",
+            "--host", host,
             "--port", str(self.port),
             "--dtype", dtype,
             "--max-model-len", str(max_model_len),
@@ -100,6 +111,7 @@ class VLLMServer:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,  # own process group: stop() reaches the engine workers too
+                preexec_fn=_terminate_with_parent,
             )
         try:
             self._wait_healthy()
