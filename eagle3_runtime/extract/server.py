@@ -1,0 +1,121 @@
+"""A vLLM server that captures hidden states instead of generating: its configuration, and the request.
+
+The server runs the `extract_hidden_states` speculative method with the aux layer ids plus the
+last layer (id L: the output of the last decoder layer before the final norm), so each prompt
+token gets exactly the `[4, H]` states of a `HiddenStateSample`. The project's connector
+(eagle3_runtime/connectors/hidden_states.py) hands them out by file or by zmq stream.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+from eagle3_runtime.vllm_server import VLLMServer
+
+CONNECTOR_MODULE = "eagle3_runtime.connectors.hidden_states"
+CONNECTOR_CLASS = "Eagle3HiddenStatesConnector"
+
+
+def captured_layer_ids(layer_ids: list[int], num_hidden_layers: int) -> list[int]:
+    """vLLM sorts and de-duplicates these, so they must already be distinct and increasing."""
+    ids = [*layer_ids, num_hidden_layers]
+    if ids != sorted(set(ids)):
+        raise ValueError(f"layer ids {layer_ids} must be distinct, increasing and below {num_hidden_layers}")
+    return ids
+
+
+def extraction_server_args(
+    layer_ids: list[int],
+    num_hidden_layers: int,
+    *,
+    storage_dir: str | os.PathLike[str] | None = None,
+    endpoint: str | None = None,
+) -> tuple[dict, list[str]]:
+    """(speculative config, extra command-line arguments) for an extraction server that delivers
+    by file into `storage_dir` and/or by zmq stream at `endpoint` (the first one given is the default)."""
+    import json
+
+    if not storage_dir and not endpoint:
+        raise ValueError("an extraction server needs a storage directory or a stream endpoint")
+    extra_config = {"transport": "file" if storage_dir else "zmq"}
+    if storage_dir:
+        extra_config["shared_storage_path"] = str(storage_dir)
+    if endpoint:
+        extra_config["endpoint"] = endpoint
+    speculative = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {
+            "hf_config": {
+                "eagle_aux_hidden_state_layer_ids": captured_layer_ids(layer_ids, num_hidden_layers)
+            }
+        },
+    }
+    kv_transfer = {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": extra_config,
+    }
+    # Whole prompts in one step and no shared prefix blocks: every request captures all its tokens.
+    args = ["--kv-transfer-config", json.dumps(kv_transfer), "--no-enable-chunked-prefill",
+            "--no-enable-prefix-caching"]  # fmt: skip
+    return speculative, args
+
+
+def start_extraction_server(
+    target: str | os.PathLike[str],
+    layer_ids: list[int],
+    num_hidden_layers: int,
+    *,
+    log_path: Path,
+    storage_dir: str | os.PathLike[str] | None = None,
+    endpoint: str | None = None,
+    max_model_len: int = 1024,
+    served_model_name: str = "target",
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> VLLMServer:
+    speculative, args = extraction_server_args(
+        layer_ids, num_hidden_layers, storage_dir=storage_dir, endpoint=endpoint
+    )
+    server = VLLMServer(
+        target, log_path=log_path, served_model_name=served_model_name, max_model_len=max_model_len,
+        speculative_config=speculative, extra_args=args, host=host, port=port,
+    )  # fmt: skip
+    return server.start()
+
+
+async def request_hidden_states(
+    client: httpx.AsyncClient, model: str, token_ids: list[int], transport: str
+) -> dict:
+    """Prefill `token_ids` once (one generated token, discarded); returns the kv_transfer_params."""
+    body = {
+        "model": model,
+        "prompt": token_ids,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "kv_transfer_params": {"hidden_states_transport": transport},
+    }
+    response = await client.post("/v1/completions", json=body, timeout=600)
+    if response.status_code != 200:
+        raise RuntimeError(f"extraction request failed: HTTP {response.status_code}: {response.text[:300]}")
+    params = response.json().get("kv_transfer_params") or {}
+    if "hidden_states_error" in params:
+        raise RuntimeError(f"the extraction server refused: {params['hidden_states_error']}")
+    if "hidden_states_key" not in params:
+        raise RuntimeError(
+            "the server returned no hidden_states_key: is it an extraction server "
+            f"(extract_hidden_states + {CONNECTOR_CLASS})?"
+        )
+    return params
+
+
+async def served_model(client: httpx.AsyncClient) -> str:
+    """The name the server serves its model under."""
+    response = await client.get("/v1/models", timeout=60)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]

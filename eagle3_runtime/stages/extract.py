@@ -1,0 +1,111 @@
+"""`eagle3 extract`: target hidden states of the generated conversations.
+
+`--mode offline` writes shards to `hidden-states/` (docs/contracts.md). Without `--server` it
+starts its own vLLM extraction server on `--target`; with `--server` the server must write its
+files where this process reads them (`--scratch-dir`, a shared volume).
+
+`--mode streaming` serves: it runs a vLLM extraction server whose connector streams the states
+to the trainer (`eagle3 train --hidden-states streaming --server URL`) until it is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from functools import partial
+from pathlib import Path
+
+from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH, iter_token_records
+from eagle3_runtime.extract.offline import file_samples, write_offline_shards
+from eagle3_runtime.extract.server import start_extraction_server
+from eagle3_runtime.hidden_states import MANIFEST, read_manifest
+from eagle3_runtime.layout import StageResult, Workspace
+from eagle3_runtime.model.config import resolve_layer_ids
+from eagle3_runtime.progress import ProgressReporter
+from eagle3_runtime.target import load_target_config
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workspace", required=True, type=Path)
+    parser.add_argument("--mode", choices=["offline", "streaming"], default="offline")
+    parser.add_argument("--target", required=True, help="target model: Hugging Face id or local directory")
+    parser.add_argument("--server", help="a running extraction server (offline mode); default: start one")
+    parser.add_argument("--layer-ids", default="auto", help="auto or three target layer ids, e.g. 2,16,29")
+    parser.add_argument(
+        "--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="tokens per sample at most"
+    )
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--samples-per-shard", type=int, default=64)
+    parser.add_argument("--scratch-dir", type=Path, help="where the server's connector writes (offline)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port of the streaming server")
+    parser.add_argument("--stream-port", type=int, default=5600, help="zmq port the states stream from")
+
+
+def _result(directory: Path, message: str) -> StageResult:
+    manifest = read_manifest(directory)
+    return StageResult(
+        stage="extract",
+        message=message,
+        metrics={"samples": manifest.num_samples, "tokens": manifest.num_tokens},
+        artifacts={"hidden_states": "hidden-states/manifest.json"},
+    )
+
+
+def run(args: argparse.Namespace) -> StageResult:
+    workspace = Workspace(args.workspace)
+    config = load_target_config(args.target)
+    layer_ids = resolve_layer_ids(args.layer_ids, config.num_hidden_layers)
+    if args.mode == "streaming":
+        return _serve_streaming(args, workspace, layer_ids, config.num_hidden_layers)
+
+    output = workspace.hidden_states_dir
+    records = list(iter_token_records(workspace.data_dir, args.target, args.max_length))
+    if not records:
+        raise ValueError(f"{workspace.data_dir} has no conversations with tokens to learn")
+    if (output / MANIFEST).exists() and read_manifest(output).num_samples >= len(records):
+        return _result(output, "already extracted")
+    scratch = args.scratch_dir or workspace.root / ".extract-scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    server = None
+    if args.server is None:
+        server = start_extraction_server(
+            args.target, layer_ids, config.num_hidden_layers, log_path=workspace.root / "logs" / "extract-vllm.log",
+            storage_dir=scratch.resolve(), max_model_len=args.max_length + 1,
+        )  # fmt: skip
+    try:
+        url = server.url if server else args.server
+        write_offline_shards(
+            partial(file_samples, url, concurrency=args.concurrency, layer_ids=layer_ids),
+            records, output, layer_ids=layer_ids, num_hidden_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size, samples_per_shard=args.samples_per_shard,
+            reporter=ProgressReporter("extract", workspace.root),
+        )  # fmt: skip
+    finally:
+        if server:
+            server.stop()
+    return _result(output, f"extracted layers {layer_ids} + last of {len(records)} samples")
+
+
+def _serve_streaming(args, workspace: Workspace, layer_ids: list[int], num_hidden_layers: int) -> StageResult:
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    server = start_extraction_server(
+        args.target, layer_ids, num_hidden_layers, log_path=workspace.root / "logs" / "extract-stream-vllm.log",
+        endpoint=f"tcp://*:{args.stream_port}", max_model_len=args.max_length + 1,
+        host="0.0.0.0", port=args.port,
+    )  # fmt: skip
+    log.info(
+        "streaming extraction server on port %d (states on %d); stop with SIGTERM",
+        args.port,
+        args.stream_port,
+    )
+    try:
+        stopped.wait()
+    finally:
+        server.stop()
+    return StageResult(stage="extract", message="streaming extraction server stopped")
