@@ -1,7 +1,8 @@
 """kopf wiring: watch events of our resources and of their children trigger the Reconciler.
 
-Only event handlers and a slow timer: kopf keeps no per-handler progress on the objects, so
-an unchanged object is never written to (the timer's finalizer is added once).
+Only event handlers (plus the Reconciler's own periodic resync): kopf then keeps no per-handler
+progress and adds no finalizer, so an unchanged object is never written to, and deleting an
+object never waits for the operator (children go by owner references).
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Only warnings from kopf's own logs become Events; the operator posts its transitions itself.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "eagle3-operator"
-    reconciler()
+    reconciler().start_resync(RESYNC_INTERVAL_S)
+
+
+@kopf.on.cleanup()
+def stop(**_: Any) -> None:
+    reconciler().stop_resync()
 
 
 def _is_deleted(event: dict[str, Any]) -> bool:
@@ -58,19 +64,8 @@ def _is_deleted(event: dict[str, Any]) -> bool:
 
 @kopf.on.event(GROUP, VERSION, DT_PLURAL)
 def draft_training_event(event: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
+    reconciler().track("DraftTraining", namespace, name, deleted=_is_deleted(event))
     # On DELETED the reconcile finds nothing and clears the object's metrics.
-    reconciler().reconcile_training(namespace, name)
-
-
-@kopf.timer(GROUP, VERSION, DT_PLURAL, interval=RESYNC_INTERVAL_S, initial_delay=RESYNC_INTERVAL_S)
-def draft_training_resync(
-    name: str, namespace: str, status: dict[str, Any], meta: dict[str, Any], **_: Any
-) -> None:
-    """Safety net for missed watch events; a finished, unchanged training needs no reads."""
-    if status.get("phase") in ("Succeeded", "Failed") and status.get("observedGeneration") == meta.get(
-        "generation"
-    ):
-        return
     reconciler().reconcile_training(namespace, name)
 
 
@@ -96,11 +91,7 @@ def deployment_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, SDD_PLURAL)
 def spec_decode_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
+    reconciler().track("SpecDecodeDeployment", namespace, name, deleted=_is_deleted(event))
     reconciler().note_serving(dict(body), deleted=_is_deleted(event))
     if not _is_deleted(event):
         reconciler().reconcile_serving(namespace, name)
-
-
-@kopf.timer(GROUP, VERSION, SDD_PLURAL, interval=RESYNC_INTERVAL_S, initial_delay=RESYNC_INTERVAL_S)
-def spec_decode_resync(name: str, namespace: str, **_: Any) -> None:
-    reconciler().reconcile_serving(namespace, name)

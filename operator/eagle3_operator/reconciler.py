@@ -30,6 +30,32 @@ class Reconciler:
         self._consumers: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
         self._monitor_kinds: tuple[float, set[str]] = (0.0, set())
         self._requeued: set[tuple[str, str, str]] = set()
+        self._known: set[tuple[str, str, str]] = set()
+        self._stop = threading.Event()
+
+    def track(self, kind: str, namespace: str, name: str, deleted: bool = False) -> None:
+        """Objects seen on the watch; the periodic resync visits them (a safety net for lost events)."""
+        with self._locks_guard:
+            (self._known.discard if deleted else self._known.add)((kind, namespace, name))
+
+    def start_resync(self, interval: float) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                with self._locks_guard:
+                    known = sorted(self._known)
+                for kind, namespace, name in known:
+                    try:
+                        if kind == DT:
+                            self.reconcile_training(namespace, name)
+                        else:
+                            self.reconcile_serving(namespace, name)
+                    except Exception:  # noqa: BLE001 - logged; the next round retries
+                        log.exception("resync of %s %s/%s failed", kind, namespace, name)
+
+        threading.Thread(target=loop, name="resync", daemon=True).start()
+
+    def stop_resync(self) -> None:
+        self._stop.set()
 
     def _lock(self, *ident: str) -> threading.Lock:
         with self._locks_guard:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -109,24 +110,28 @@ class OperatorProcess:
             for s in family.samples
         }
 
-    def metric(self, name: str, **labels: str) -> float:
-        want = tuple(sorted(labels.items()))
-        return sum(v for (n, ls), v in self.metrics().items() if n == name and set(want) <= set(ls))
+    def metric(self, metric_name: str, /, **labels: str) -> float:
+        """Sum of the samples of one metric whose labels include these."""
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == metric_name and want <= set(ls))
 
 
-def apiserver_writes(cluster: LocalCluster, resources: set[str] = WATCHED_RESOURCES) -> float:
-    """Write requests the API server has served for these resources since it started (its own metric)."""
+def apiserver_writes(cluster: LocalCluster, resources: set[str] = WATCHED_RESOURCES) -> Counter[str]:
+    """Write requests the API server has served for these resources since it started (its own metric),
+    by "verb resource[/subresource]"."""
     text = cluster.kubectl("get", "--raw", "/metrics")
-    total = 0.0
+    writes: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
             continue
         for sample in family.samples:
-            if sample.name != "apiserver_request_total":
+            labels = sample.labels
+            if sample.name != "apiserver_request_total" or labels.get("verb") not in WRITE_VERBS:
                 continue
-            if sample.labels.get("verb") in WRITE_VERBS and sample.labels.get("resource") in resources:
-                total += sample.value
-    return total
+            if labels.get("resource") in resources:
+                sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+                writes[f"{labels['verb']} {labels['resource']}{sub}"] += int(sample.value)
+    return writes
 
 
 def bind_volume(cluster: LocalCluster, namespace: str, claim: str, *, create_claim: bool) -> None:
@@ -296,3 +301,13 @@ def events_of(cluster: LocalCluster, namespace: str, name: str) -> list[dict[str
         "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name={name}"
     )
     return found["items"]
+
+
+def wait_for_quiet_cluster(cluster: LocalCluster) -> None:
+    """No namespace is being torn down: its deletions would count as writes in apiserver_writes."""
+
+    def settled() -> bool:
+        namespaces = cluster.request("GET", "/api/v1/namespaces")["items"]
+        return all(n["status"].get("phase") != "Terminating" for n in namespaces)
+
+    wait_until(settled, timeout=120, interval=0.5, what="terminating namespaces to be gone")
