@@ -1,0 +1,43 @@
+"""Shared fixtures: one local control plane per test session, a fresh namespace per test.
+
+The control plane starts only when a test first asks for `cluster` (tests/support/cluster.py).
+Its component logs stay in the reported directory when a test failed; otherwise it is removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """The session's control plane with fake AMD GPU nodes (binaries built on first use, cached)."""
+    local = LocalCluster()
+    local.start()
+    try:
+        yield local
+    finally:
+        failed = request.session.testsfailed > 0
+        local.stop(remove_workdir=not failed)
+        if failed:
+            print(f"\ntest-bed component logs kept in {local.log_dir}")
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A fresh namespace; kwok ends the pods of Jobs in it with Succeeded after about a second."""
+    name = cluster.create_namespace()
+    yield name
+    cluster.delete_namespace(name)
+
+
+@pytest.fixture
+def manual_namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A fresh namespace whose Job pods stay Running until the test calls complete_pod / fail_pod."""
+    name = cluster.create_namespace(manual=True)
+    yield name
+    cluster.delete_namespace(name)

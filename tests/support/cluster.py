@@ -1,0 +1,725 @@
+"""A real Kubernetes control plane on loopback, with fake AMD GPU nodes, for tests and `make cluster`.
+
+What runs (binaries built from pinned Go modules by hack/build-testbed.sh):
+  etcd, kube-apiserver (own CA, TLS client certificates, RBAC + Node authorization, service-account
+  token signing, default admission plugins), kube-controller-manager (the workload controllers
+  in CONTROLLERS, each with its own service account), kube-scheduler, and kwok, which stands in for the kubelets of the
+  fake nodes (see tests/support/testbed_kwok.py for the nodes and the pod lifecycle it plays).
+Every component listens on 127.0.0.1 ports picked at start; each runs in its own process group and
+logs to <workdir>/logs/<component>.log; a start failure names the log to read.
+
+API (stable; other test suites build on it):
+
+    with LocalCluster() as cluster:          # or the session-scoped `cluster` fixture (tests/conftest.py)
+        cluster.kubeconfig                   # Path of the admin kubeconfig (system:masters)
+        cluster.server                       # "https://127.0.0.1:<port>"
+        cluster.ca_file                      # Path of the CA that signed the API server's certificate
+        cluster.bin_dir                      # Path with kubectl, helm, kube-apiserver, ...
+        cluster.env()                        # os.environ + KUBECONFIG + bin_dir first on PATH
+        cluster.api_client()                 # new kubernetes.client.ApiClient (admin)
+        cluster.kubectl("get", "nodes", "-o", "json")   # stdout; raises KubectlError on failure
+        cluster.request("GET", "/api/v1/nodes")          # admin REST call -> dict; raises ApiError
+        cluster.apply(manifest_dict_or_yaml, namespace=None)
+        cluster.create_namespace(manual=False)          # -> name; waits for its default ServiceAccount
+        cluster.delete_namespace(name, wait=False)
+        cluster.service_account_token(namespace, name)  # TokenRequest API
+        cluster.complete_pod(namespace, pod, message="...")             # -> Succeeded, exit code 0
+        cluster.fail_pod(namespace, pod, message="...", exit_code=1)    # -> Failed
+        cluster.gpu_nodes, cluster.cpu_nodes # node names
+        cluster.log_dir                      # component logs
+        cluster.pids, cluster.ports          # component process ids, loopback ports
+    wait_until(predicate, timeout=..., interval=..., what="...")       # polling helper
+
+complete_pod / fail_pod write what a kubelet would: phase, Ready=False and a terminated state whose
+`message` is the container's termination message. They only accept pods kwok will not end itself:
+pods no Job owns, and Job pods that are *manual* (namespace from create_namespace(manual=True), or
+label testbed_kwok.MANUAL_LABEL=true). Other Job pods kwok ends with Succeeded after about 1 s.
+
+Run `python -m tests.support.cluster` (what `make cluster` does) to keep one up until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from tests.support import testbed_kwok, testbed_pki
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-testbed.sh"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+START_TIMEOUT_S = 120.0
+STOP_GRACE_S = 5.0
+MAX_TERMINATION_MESSAGE_BYTES = 4096  # what the kubelet keeps of /dev/termination-log
+
+# The controllers workloads on this test bed rely on; fewer than the default set, because each one
+# adds start-up time on a small machine (no cloud, HPA, DRA, CSR, or storage-migration controllers).
+CONTROLLERS = (
+    "clusterrole-aggregation-controller",
+    "cronjob-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "disruption-controller",
+    "endpointslice-controller",
+    "garbage-collector-controller",
+    "job-controller",
+    "namespace-controller",
+    "node-lifecycle-controller",
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
+    "pod-garbage-collector-controller",
+    "replicaset-controller",
+    "resourcequota-controller",
+    "root-ca-certificate-publisher-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "statefulset-controller",
+    "taint-eviction-controller",
+    "ttl-after-finished-controller",
+)
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """The test bed could not start, or a component of it died."""
+
+
+class ApiError(RuntimeError):
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        try:
+            reason = json.loads(body).get("message", body)
+        except ValueError:
+            reason = body
+        super().__init__(f"{method} {path} -> HTTP {status}: {reason}")
+        self.status = status
+        self.body = body
+
+
+class KubectlError(RuntimeError):
+    def __init__(self, args: list[str], returncode: int, stderr: str) -> None:
+        super().__init__(f"kubectl {' '.join(args)} failed ({returncode}): {stderr.strip()}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def wait_until(
+    predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"
+) -> T:
+    """Poll predicate until it returns something truthy (returned); TimeoutError after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def find_bin_dir() -> Path:
+    """The directory with the test-bed binaries: $EAGLE3_TESTBED_BIN, else built (cached) by the script."""
+    configured = os.environ.get("EAGLE3_TESTBED_BIN")
+    if configured:
+        bin_dir = Path(configured)
+    else:
+        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            raise ClusterError(f"{BUILD_SCRIPT} failed with exit code {result.returncode} (its log is above)")
+        bin_dir = Path(result.stdout.strip().splitlines()[-1])
+    missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    if missing:
+        raise ClusterError(f"test-bed binaries {missing} missing in {bin_dir}; run {BUILD_SCRIPT}")
+    return bin_dir
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the Python process is killed hard (SIGKILL), the kernel
+    # sends SIGKILL to the component too, so no stray control plane survives a crashed test run.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class _Component:
+    name: str
+    process: subprocess.Popen
+    log: Path
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return "\n".join(text[-lines:])
+
+
+class LocalCluster:
+    """The local control plane; use as a context manager (start on enter, stop on exit)."""
+
+    def __init__(
+        self,
+        *,
+        gpu_nodes: int = 3,
+        cpu_nodes: int = 2,
+        bin_dir: Path | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self.bin_dir = bin_dir or find_bin_dir()
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="eagle3-testbed-"))
+        self.log_dir = self.workdir / "logs"
+        self.gpu_nodes = [f"gpu-node-{i}" for i in range(gpu_nodes)]
+        self.cpu_nodes = [f"cpu-node-{i}" for i in range(cpu_nodes)]
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.ca_file = self.workdir / "pki" / "ca.crt"
+        self.server = ""
+        self.ports: dict[str, int] = {}
+        self._components: list[_Component] = []
+        self._admin_ssl: ssl.SSLContext | None = None
+        self._started_at = 0.0
+        # Seconds from start() until each readiness check passed, in order (for benchmarks).
+        self.start_timings: dict[str, float] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        atexit.register(self.stop)
+        self._started_at = time.monotonic()
+        try:
+            self._start(time.monotonic() + timeout)
+        except BaseException:
+            self.stop(remove_workdir=False)
+            raise
+
+    def stop(self, *, remove_workdir: bool = True) -> None:
+        """Stop every component, clients before the API server before etcd; idempotent.
+
+        Each tier gets SIGTERM and STOP_GRACE_S to exit, then SIGKILL (to its whole process group).
+        """
+        atexit.unregister(self.stop)
+        components, self._components = self._components, []
+        tiers = [
+            [c for c in components if c.name not in ("kube-apiserver", "etcd")],
+            [c for c in components if c.name == "kube-apiserver"],
+            [c for c in components if c.name == "etcd"],
+        ]
+        for tier in tiers:
+            for component in tier:
+                self._signal(component, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for component in tier:
+                try:
+                    component.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._signal(component, signal.SIGKILL)
+                    component.process.wait()
+                # The group may hold children of the component; none may outlive it.
+                self._signal(component, signal.SIGKILL)
+        if remove_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process id of each running component (its process group id too)."""
+        return {c.name: c.process.pid for c in self._components}
+
+    @staticmethod
+    def _signal(component: _Component, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(component.process.pid, sig)
+
+    def _start(self, deadline: float) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        pki_dir = self.workdir / "pki"
+        pki_dir.mkdir()
+        ca = testbed_pki.CertificateAuthority(pki_dir)
+        serving = ca.issue("apiserver", "kube-apiserver", server=True)
+        sa_keys = testbed_pki.write_service_account_keys(pki_dir)
+        clients = {
+            "admin": ca.issue("admin", "eagle3-testbed-admin", organization="system:masters"),
+            "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
+            "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
+            # kwok plays the kubelet of many nodes at once, so it gets full rights.
+            "kwok": ca.issue("kwok", "kwok", organization="system:masters"),
+        }
+        self.ports = {
+            name: _free_port()
+            for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        }
+        self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
+        kubeconfigs = {
+            name: testbed_pki.write_kubeconfig(
+                self.workdir / f"{name}.kubeconfig",
+                server=self.server,
+                ca=ca.pair.cert,
+                client=pair,
+                user=name,
+            )
+            for name, pair in clients.items()
+        }
+        self.kubeconfig = kubeconfigs["admin"]
+        self._admin_ssl = ssl.create_default_context(cafile=str(ca.pair.cert))
+        self._admin_ssl.load_cert_chain(str(clients["admin"].cert), str(clients["admin"].key))
+
+        self._start_etcd()
+        self._wait(deadline, "etcd to report healthy", self._etcd_healthy)
+        self._start_apiserver(ca.pair, serving, sa_keys)
+        self._wait(deadline, "kube-apiserver /readyz", lambda: self._get_ok(f"{self.server}/readyz"))
+        self._start_controller_manager(kubeconfigs["controller-manager"], ca.pair, sa_keys)
+        self._start_scheduler(kubeconfigs["scheduler"])
+        self._start_kwok(kubeconfigs["kwok"])
+        self._create_nodes()
+        insecure = ssl._create_unverified_context()  # their serving certs are self-signed at start
+        for name in ("controller-manager", "scheduler"):
+            url = f"https://127.0.0.1:{self.ports[name]}/healthz"
+            self._wait(deadline, f"kube-{name} /healthz", lambda url=url: self._get_ok(url, insecure))
+        self._wait(deadline, "all fake nodes Ready and schedulable", self._nodes_schedulable)
+        self._wait(deadline, "the default ServiceAccount", lambda: self._default_service_account("default"))
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log = self.log_dir / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        self._components.append(_Component(name, process, log))
+
+    def _wait(self, deadline: float, what: str, ready: Callable[[], object]) -> None:
+        while True:
+            for component in self._components:
+                code = component.process.poll()
+                if code is not None:
+                    raise ClusterError(
+                        f"{component.name} exited with code {code} while waiting for {what}; "
+                        f"log {component.log}:\n{component.log_tail()}"
+                    )
+            if ready():
+                self.start_timings[what] = time.monotonic() - self._started_at
+                return
+            if time.monotonic() > deadline:
+                logs = ", ".join(str(c.log) for c in self._components)
+                raise ClusterError(f"timed out waiting for {what}; component logs: {logs}")
+            time.sleep(0.05)
+
+    def _get_ok(self, url: str, context: ssl.SSLContext | None = None) -> bool:
+        try:
+            with urllib.request.urlopen(url, context=context or self._admin_ssl, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+            return False
+
+    # ---- components ------------------------------------------------------------------------------
+
+    def _binary(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._spawn(
+            "etcd",
+            [
+                self._binary("etcd"),
+                "--name=testbed",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=testbed={peer}",
+                "--quota-backend-bytes=1073741824",
+                # A test bed loses nothing of value in a crash; fsync would only slow every write.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+
+    def _etcd_healthy(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.ports['etcd']}/health"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return json.load(response).get("health") == "true"
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return False
+
+    def _start_apiserver(
+        self, ca: testbed_pki.KeyPair, serving: testbed_pki.KeyPair, sa_keys: testbed_pki.KeyPair
+    ) -> None:
+        self._spawn(
+            "kube-apiserver",
+            [
+                self._binary("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--cert-dir={self.workdir / 'apiserver'}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={ca.cert}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={sa_keys.cert}",
+                f"--service-account-signing-key-file={sa_keys.key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--event-ttl=30m",
+            ],
+        )
+
+    def _start_controller_manager(
+        self, kubeconfig: Path, ca: testbed_pki.KeyPair, sa_keys: testbed_pki.KeyPair
+    ) -> None:
+        self._spawn(
+            "kube-controller-manager",
+            [
+                self._binary("kube-controller-manager"),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['controller-manager']}",
+                f"--cert-dir={self.workdir / 'controller-manager'}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={sa_keys.key}",
+                f"--root-ca-file={ca.cert}",
+                f"--cluster-signing-cert-file={ca.cert}",
+                f"--cluster-signing-key-file={ca.key}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--profiling=false",
+            ],
+        )
+
+    def _start_scheduler(self, kubeconfig: Path) -> None:
+        self._spawn(
+            "kube-scheduler",
+            [
+                self._binary("kube-scheduler"),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                f"--cert-dir={self.workdir / 'scheduler'}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
+
+    def _start_kwok(self, kubeconfig: Path) -> None:
+        config = self.workdir / "kwok.yaml"
+        config.write_text(testbed_kwok.config_yaml())
+        key, value = testbed_kwok.FAKE_NODE_ANNOTATION
+        self._spawn(
+            "kwok",
+            [
+                self._binary("kwok"),
+                f"--kubeconfig={kubeconfig}",
+                f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={key}={value}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.0.0.1",
+            ],
+            # kwok also reads ~/.kwok/kwok.yaml; a developer's own file must not change the test bed.
+            env={**os.environ, "HOME": str(self.workdir)},
+        )
+
+    def _create_nodes(self) -> None:
+        for name in self.gpu_nodes:
+            self.request("POST", "/api/v1/nodes", testbed_kwok.node_manifest(name, gpu=True))
+        for name in self.cpu_nodes:
+            self.request("POST", "/api/v1/nodes", testbed_kwok.node_manifest(name, gpu=False))
+
+    def _nodes_schedulable(self) -> bool:
+        ready = {
+            node["metadata"]["name"]
+            for node in self.request("GET", "/api/v1/nodes")["items"]
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node.get("status", {}).get("conditions", [])
+            )
+            # The node-lifecycle controller lifts the not-ready taint once it sees the node Ready.
+            and not node.get("spec", {}).get("taints")
+        }
+        return ready >= set(self.gpu_nodes + self.cpu_nodes)
+
+    def _default_service_account(self, namespace: str) -> bool:
+        return self._exists(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+
+    # ---- clients ---------------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """Environment for subprocesses (operator, helm, kubectl) that should talk to this cluster."""
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def request(self, method: str, path: str, body: dict | None = None, content_type: str = "") -> dict:
+        """One admin call to the API server (no client library: fast to start, used while polling).
+
+        path is e.g. "/api/v1/nodes"; body is sent as JSON (content_type defaults to
+        application/json, or application/merge-patch+json for PATCH). Raises ApiError on HTTP errors.
+        """
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = content_type or (
+                "application/merge-patch+json" if method == "PATCH" else "application/json"
+            )
+        req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, context=self._admin_ssl, timeout=30) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:
+            raise ApiError(method, path, error.code, error.read().decode(errors="replace")) from None
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> str:
+        """Run kubectl as admin; returns stdout, raises KubectlError (with stderr) if check and it fails."""
+        argv = [str(a) for a in args]
+        result = subprocess.run(
+            [self._binary("kubectl"), f"--kubeconfig={self.kubeconfig}", *argv],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(argv, result.returncode, result.stderr)
+        return result.stdout
+
+    def api_client(self) -> Any:
+        """A new kubernetes.client.ApiClient with admin rights (close it, or use it as a context manager)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def apply(self, manifest: dict | list[dict] | str, namespace: str | None = None) -> str:
+        """kubectl apply (server-side) of one object, a list of objects, or YAML text."""
+        if isinstance(manifest, dict):
+            text = yaml.safe_dump(manifest)
+        elif isinstance(manifest, list):
+            text = yaml.safe_dump_all(manifest)
+        else:
+            text = manifest
+        args = ["apply", "--server-side", "--field-manager=eagle3-tests", "-f", "-"]
+        if namespace:
+            args += ["-n", namespace]
+        return self.kubectl(*args, input=text)
+
+    def create_namespace(self, name: str | None = None, *, manual: bool = False) -> str:
+        """Create a namespace (random name unless given) and wait for its default ServiceAccount.
+
+        manual=True gives it the prefix that stops kwok from ending Job pods in it (see module doc).
+        """
+        prefix = testbed_kwok.MANUAL_NAMESPACE_PREFIX if manual else "test-"
+        name = name or f"{prefix}{uuid.uuid4().hex[:8]}"
+        if manual != name.startswith(testbed_kwok.MANUAL_NAMESPACE_PREFIX):
+            raise ValueError(f"namespace {name!r}: only manual namespaces may start with {prefix!r}")
+        self.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+        # Pods are refused until the ServiceAccount controller has created "default".
+        wait_until(lambda: self._default_service_account(name), timeout=30, what=f"default SA in {name}")
+        return name
+
+    def delete_namespace(self, name: str, *, wait: bool = False, timeout: float = 60) -> None:
+        """Delete a namespace (its content goes with it); wait=True blocks until it is gone."""
+        try:
+            self.request("DELETE", f"/api/v1/namespaces/{name}")
+        except ApiError as error:
+            if error.status != 404:
+                raise
+        if wait:
+            wait_until(
+                lambda: not self._exists(f"/api/v1/namespaces/{name}"), timeout=timeout, what=f"{name} gone"
+            )
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.request("GET", path)
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def service_account_token(self, namespace: str, name: str, expiration_s: int = 600) -> str:
+        """A token for the ServiceAccount from the TokenRequest API (what a projected volume holds)."""
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_s},
+        }
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+        return self.request("POST", path, request)["status"]["token"]
+
+    # ---- driving pods ----------------------------------------------------------------------------
+
+    def complete_pod(
+        self, namespace: str, name: str, *, message: str = "", container: str | None = None
+    ) -> dict:
+        """End a Running pod with phase Succeeded; `message` becomes the container's termination message."""
+        return self._end_pod(namespace, name, "Succeeded", 0, "Completed", message, container)
+
+    def fail_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        message: str = "",
+        exit_code: int = 1,
+        reason: str = "Error",
+        container: str | None = None,
+    ) -> dict:
+        """End a Running pod with phase Failed; the container exits with exit_code and `message`."""
+        if exit_code == 0:
+            raise ValueError("a failed container has a non-zero exit code")
+        return self._end_pod(namespace, name, "Failed", exit_code, reason, message, container)
+
+    def _end_pod(
+        self,
+        namespace: str,
+        name: str,
+        phase: str,
+        exit_code: int,
+        reason: str,
+        message: str,
+        container: str | None,
+        timeout: float = 30,
+    ) -> dict:
+        if len(message.encode()) > MAX_TERMINATION_MESSAGE_BYTES:
+            raise ValueError(
+                f"termination message is {len(message.encode())} bytes; the kubelet keeps at most "
+                f"{MAX_TERMINATION_MESSAGE_BYTES}"
+            )
+
+        def running_pod() -> dict | None:
+            pod = self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+        pod = wait_until(running_pod, timeout=timeout, what=f"pod {namespace}/{name} to be Running")
+        owners = {ref["kind"] for ref in pod["metadata"].get("ownerReferences", [])}
+        if "Job" in owners and not testbed_kwok.is_manual(pod):
+            raise ValueError(
+                f"pod {namespace}/{name} belongs to a Job and kwok ends it by itself; create its namespace "
+                f"with create_namespace(manual=True) or label the pod {testbed_kwok.MANUAL_LABEL}=true"
+            )
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        target = container or containers[0]
+        if target not in containers:
+            raise ValueError(f"pod {namespace}/{name} has no container {target!r} (has {containers})")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        started = pod["status"].get("startTime", now)
+        images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+
+        def terminated(container_name: str) -> dict:
+            state = {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": now}
+            if container_name == target:
+                state.update(exitCode=exit_code, reason=reason)
+                if message:
+                    state["message"] = message
+            return {
+                "name": container_name,
+                "image": images[container_name],
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"terminated": state},
+            }
+
+        patch = {
+            "status": {
+                "phase": phase,
+                "conditions": [
+                    {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+                    for t in ("Ready", "ContainersReady")
+                ]
+                + [
+                    c
+                    for c in pod["status"].get("conditions", [])
+                    if c["type"] not in ("Ready", "ContainersReady")
+                ],
+                "containerStatuses": [terminated(c) for c in containers],
+            }
+        }
+        return self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", patch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run the local test bed until Ctrl-C.")
+    parser.add_argument("--gpu-nodes", type=int, default=3)
+    parser.add_argument("--cpu-nodes", type=int, default=2)
+    args = parser.parse_args()
+
+    # SIGTERM (e.g. from a supervisor) stops the test bed like Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    started = time.monotonic()
+    print("starting the test bed ...", flush=True)
+    try:
+        with LocalCluster(gpu_nodes=args.gpu_nodes, cpu_nodes=args.cpu_nodes) as cluster:
+            print(
+                f"test bed up in {time.monotonic() - started:.1f} s: {len(cluster.gpu_nodes)} fake MI355X nodes "
+                f"(8 x amd.com/gpu each), {len(cluster.cpu_nodes)} CPU nodes\n"
+                f"kubeconfig: {cluster.kubeconfig}\n"
+                f"API server: {cluster.server}\n"
+                f"component logs: {cluster.log_dir}\n\n"
+                f"  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH; kubectl get nodes\n\n"
+                "Ctrl-C stops it.",
+                flush=True,
+            )
+            while True:
+                signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("test bed stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    main()
