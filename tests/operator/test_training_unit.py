@@ -220,16 +220,37 @@ def test_second_reconcile_with_nothing_new_changes_nothing():
     assert plan.events == [] and plan.delete == []
 
 
-def test_streaming_keeps_the_target_for_training_and_online_skips_extraction():
-    cluster = Cluster(fakes.draft_training(hiddenStates={"mode": "streaming"}))
+def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extraction():
+    cluster = Cluster(fakes.draft_training(hiddenStates={"mode": "streaming", "layerIds": [2, 8, 13]}))
     cluster.reconcile()
     cluster.reconcile()
     cluster.finish(cluster.observed.jobs["llama-generate"])
-    plan = cluster.reconcile()
+    plan = cluster.reconcile()  # the target goes down, the streaming extraction server comes up
+    deployments = {o["metadata"]["name"]: o for o in plan.sync if o["kind"] == "Deployment"}
+    assert deployments["llama-target"]["spec"]["replicas"] == 0
+    stream = deployments["llama-stream"]
+    assert stream["spec"]["replicas"] == 1
+    container = stream["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == [
+        "eagle3", "extract", "--workspace", "/workspace", "--mode", "streaming", "--target",
+        "meta-llama/Llama-3.1-8B-Instruct", "--layer-ids", "2,8,13", "--port", "8000", "--stream-port", "5600",
+    ]  # fmt: skip
+    assert container["resources"]["limits"] == {"amd.com/gpu": "1"}
+    service = next(o for o in plan.sync if o["kind"] == "Service" and o["metadata"]["name"] == "llama-stream")
+    assert [p["port"] for p in service["spec"]["ports"]] == [8000, 5600]
+    assert _condition(plan.status, "Trained")["reason"] == "WaitingForStreamServer"
+    plan = cluster.reconcile()  # the server is ready: the trainer starts and reads from it
     train = next(o for o in plan.create if o["kind"] == "Job")
-    assert train["metadata"]["name"] == "llama-train"
-    assert "--server" in _container(train)["command"]
-    assert next(o for o in plan.sync if o["kind"] == "Deployment")["spec"]["replicas"] == 1
+    command = _container(train)["command"]
+    assert command[command.index("--server") + 1] == "http://llama-stream:8000"
+    for job in cluster.running_jobs():
+        cluster.finish(job)
+    plan = cluster.reconcile()
+    stream = next(
+        o for o in plan.sync if o["metadata"]["name"] == "llama-stream" and o["kind"] == "Deployment"
+    )
+    assert stream["spec"]["replicas"] == 0, "no stage after training needs the extraction server"
+    assert "StreamServerScaledDown" in [e.reason for e in plan.events]
 
     online = Cluster(fakes.draft_training(hiddenStates={"mode": "online", "layerIds": [1, 5, 9]}))
     plan = online.run_to_end()

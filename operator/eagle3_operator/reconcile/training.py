@@ -44,6 +44,12 @@ RESULT_GRACE_S = 60.0
 RESULT_POLL_S = 5.0
 WORKSPACE = "/workspace"
 TORCHRUN_PORT = 29500
+STREAM_PORT = 5600
+# server -> (description, its condition type, the event reason when it is scaled down)
+SERVERS = {
+    "target": ("target vLLM server", "TargetReady", "TargetScaledDown"),
+    "stream": ("streaming extraction server", "StreamServerReady", "StreamServerScaledDown"),
+}
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 
@@ -78,17 +84,23 @@ def pipeline(dt: DraftTraining) -> list[str]:
     return stages
 
 
-def needs_target(dt: DraftTraining, stage: str | None) -> bool:
-    """Stages that talk to the target vLLM server; the others load the target themselves or not at all."""
-    return stage == "generate" or (stage == "train" and dt.spec.hidden_states.mode == "streaming")
+def server_for(dt: DraftTraining, stage: str | None) -> str | None:
+    """The long-running server a stage talks to: the target vLLM for generation, the streaming
+    extraction server (`eagle3 extract --mode streaming`) for streaming training; None otherwise
+    (the other stages load the target themselves or need no model)."""
+    if stage == "generate":
+        return "target"
+    if stage == "train" and dt.spec.hidden_states.mode == "streaming":
+        return "stream"
+    return None
+
+
+def server_name(dt: DraftTraining, server: str) -> str:
+    return f"{dt.metadata['name']}-{server}"
 
 
 def workspace_claim(dt: DraftTraining) -> str:
     return dt.spec.storage.existing_claim or f"{dt.metadata['name']}-workspace"
-
-
-def target_name(dt: DraftTraining) -> str:
-    return f"{dt.metadata['name']}-target"
 
 
 def trainer_service_name(dt: DraftTraining) -> str:
@@ -176,25 +188,86 @@ class TrainingPlanner:
         pod_spec = vllm_pod_spec(
             target, vllm_args(target, model, target.model), mounts, self.dt.spec.scheduling
         )
-        selector = meta.selector_labels(self.name, "target", meta.DRAFT_TRAINING_LABEL)
+        return self._server_deployment("target", replicas, pod_spec)
+
+    def stream_server_deployment(self, replicas: int) -> dict[str, Any]:
+        """`eagle3 extract --mode streaming`: a vLLM extraction server whose connector streams
+        hidden states to the trainer over zmq (STREAM_PORT)."""
+        spec = self.dt.spec
+        mounts = Mounts()
+        model = model_location(spec.target.model, "target", mounts)
+        mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
+        mounts.add_shm(spec.target.shm_size)
+        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+        container = {
+            "name": STAGE_CONTAINER,
+            "image": spec.runtime.image,
+            "imagePullPolicy": spec.runtime.image_pull_policy,
+            "command": [
+                "eagle3",
+                "extract",
+                "--workspace",
+                WORKSPACE,
+                "--mode",
+                "streaming",
+                "--target",
+                model,
+                "--layer-ids",
+                _layer_ids(self.dt),
+                "--port",
+                str(VLLM_PORT),
+                "--stream-port",
+                str(STREAM_PORT),
+            ],  # fmt: skip
+            "ports": [
+                {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
+                {"name": "stream", "containerPort": STREAM_PORT, "protocol": "TCP"},
+            ],
+            "env": [
+                *downward_env(),
+                {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"},
+                {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
+                *hf_token_env(spec.target),
+            ],
+            "resources": gpu_resources(spec.target, spec.target.gpus),
+            "volumeMounts": mounts.mounts,
+            "startupProbe": probe | {"failureThreshold": 180},
+            "readinessProbe": probe | {"failureThreshold": 3},
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+        pod_spec: dict[str, Any] = {"containers": [container], "volumes": mounts.volumes}
+        if spec.runtime.service_account_name:
+            pod_spec["serviceAccountName"] = spec.runtime.service_account_name
+        apply_scheduling(pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name)
+        return self._server_deployment("stream", replicas, pod_spec)
+
+    def _server_deployment(self, server: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
+        selector = meta.selector_labels(self.name, server, meta.DRAFT_TRAINING_LABEL)
         return {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": meta.object_meta(self.body, target_name(self.dt), self._labels("target")),
+            "metadata": meta.object_meta(self.body, server_name(self.dt, server), self._labels(server)),
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": selector},
-                # A second vLLM would need a second set of GPUs; replace instead of surging.
+                # A second server would need a second set of GPUs; replace instead of surging.
                 "strategy": {"type": "Recreate"},
-                "template": {"metadata": {"labels": self._labels("target")}, "spec": pod_spec},
+                "template": {"metadata": {"labels": self._labels(server)}, "spec": pod_spec},
             },
         }
 
-    def target_service(self) -> dict[str, Any]:
-        selector = meta.selector_labels(self.name, "target", meta.DRAFT_TRAINING_LABEL)
-        return service(
-            meta.object_meta(self.body, target_name(self.dt), self._labels("target")), selector, VLLM_PORT
+    def server_service(self, server: str) -> dict[str, Any]:
+        selector = meta.selector_labels(self.name, server, meta.DRAFT_TRAINING_LABEL)
+        svc = service(
+            meta.object_meta(self.body, server_name(self.dt, server), self._labels(server)),
+            selector,
+            VLLM_PORT,
         )
+        if server == "stream":
+            svc["spec"]["ports"].append(
+                {"name": "stream", "port": STREAM_PORT, "targetPort": "stream", "protocol": "TCP"}
+            )
+        return svc
 
     def trainer_service(self) -> dict[str, Any]:
         selector = meta.selector_labels(self.name, "train", meta.DRAFT_TRAINING_LABEL)
@@ -208,8 +281,8 @@ class TrainingPlanner:
         svc["spec"]["ports"] = [{"name": "rendezvous", "port": TORCHRUN_PORT, "protocol": "TCP"}]
         return svc
 
-    def server_url(self) -> str:
-        return f"http://{target_name(self.dt)}:{VLLM_PORT}"
+    def server_url(self, server: str = "target") -> str:
+        return f"http://{server_name(self.dt, server)}:{VLLM_PORT}"
 
     def stage_job(
         self,
@@ -332,7 +405,7 @@ class TrainingPlanner:
             model = model_location(spec.target.model, "target", mounts)
             args = [*common, "--target", model, "--hidden-states", spec.hidden_states.mode]
             if spec.hidden_states.mode == "streaming":
-                args += ["--server", self.server_url()]
+                args += ["--server", self.server_url("stream")]
             args += [
                 "--layer-ids", _layer_ids(self.dt), "--draft-vocab-size", str(spec.draft.vocab_size),
                 "--steps", str(training.steps), "--learning-rate", _num(training.learning_rate),
@@ -414,8 +487,8 @@ class TrainingPlanner:
             self._event("Normal", "Retrying", f"spec changed after failure: retrying stage {stage}")
         status.pop("completionTime", None)
 
-    def _target_ready(self) -> bool:
-        deployment = self.observed.deployments.get(target_name(self.dt))
+    def _server_ready(self, server: str) -> bool:
+        deployment = self.observed.deployments.get(server_name(self.dt, server))
         if not deployment:
             return False
         status = deployment.get("status") or {}
@@ -542,7 +615,7 @@ class TrainingPlanner:
             self.plan.create.append(self.workspace_pvc())
 
         current: str | None = None
-        waiting_for_target = False
+        waiting_for: str | None = None  # the server the current stage waits for
         for stage in stages:
             record = self.records[stage]
             if record["state"] == "Succeeded":
@@ -551,8 +624,9 @@ class TrainingPlanner:
             if record["state"] == "Failed":
                 self.failure = self.failure or _recorded_failure(status, stage, record)
                 break
-            if needs_target(dt, stage) and not self._target_ready():
-                waiting_for_target = True
+            server = server_for(dt, stage)
+            if server and not self._server_ready(server):
+                waiting_for = server
                 break
             if not self._advance(stage, status):
                 break
@@ -566,8 +640,11 @@ class TrainingPlanner:
             phase = "Pending"
         else:
             phase = "Running"
-        target_replicas = 1 if phase in ("Pending", "Running") and needs_target(dt, current) else 0
-        self._sync_target(target_replicas)
+        active = phase in ("Pending", "Running")
+        needed = server_for(dt, current) if active else None
+        self._sync_server("target", needed == "target")
+        if dt.spec.hidden_states.mode == "streaming":
+            self._sync_server("stream", needed == "stream")
 
         status["phase"] = phase
         status["stage"] = current or stages[-1]
@@ -577,20 +654,27 @@ class TrainingPlanner:
             status.setdefault("completionTime", self.now)
         if phase == "Succeeded" and old_status.get("phase") != "Succeeded":
             self._event("Normal", "TrainingSucceeded", f"draft exported to {status['export']['uri']}")
-        self._conditions(status, phase, current, waiting_for_target, target_replicas)
+        self._conditions(status, phase, current, waiting_for, needed)
         self.plan.status = status
         return self.plan
 
-    def _sync_target(self, replicas: int) -> None:
-        existing = self.observed.deployments.get(target_name(self.dt))
-        if replicas == 0 and existing is None:
+    def _sync_server(self, server: str, needed: bool) -> None:
+        existing = self.observed.deployments.get(server_name(self.dt, server))
+        if not needed and existing is None:
             return  # never started, nothing to scale down
-        if existing is not None and replicas == 0 and (existing["spec"].get("replicas") or 0) > 0:
-            self._event("Normal", "TargetScaledDown", "no remaining stage needs the target vLLM server")
-        self.plan.sync += [self.target_deployment(replicas), self.target_service()]
+        if existing is not None and not needed and (existing["spec"].get("replicas") or 0) > 0:
+            title, _, reason = SERVERS[server]
+            self._event("Normal", reason, f"no remaining stage needs the {title}")
+        replicas = 1 if needed else 0
+        deployment = (
+            self.target_deployment(replicas)
+            if server == "target"
+            else self.stream_server_deployment(replicas)
+        )
+        self.plan.sync += [deployment, self.server_service(server)]
 
     def _conditions(
-        self, status: dict[str, Any], phase: str, current: str | None, waiting: bool, target_replicas: int
+        self, status: dict[str, Any], phase: str, current: str | None, waiting: str | None, needed: str | None
     ) -> None:
         conditions = list(status.get("conditions") or [])
         gen, now = self.generation, self.now
@@ -598,12 +682,15 @@ class TrainingPlanner:
         def put(type_: str, ok: bool, reason: str, message: str) -> None:
             set_condition(conditions, type_, ok, reason, message, gen, now)
 
-        if target_replicas:
-            ready = not waiting
-            put("TargetReady", ready, "Serving" if ready else "Starting",
-                "target vLLM server is ready" if ready else "waiting for the target vLLM server to become ready")  # fmt: skip
-        else:
-            put("TargetReady", False, "ScaledDown", "no remaining stage needs the target vLLM server")
+        servers = ["target"] + (["stream"] if self.dt.spec.hidden_states.mode == "streaming" else [])
+        for server in servers:
+            title, condition_type, _ = SERVERS[server]
+            if needed != server:
+                put(condition_type, False, "ScaledDown", f"no remaining stage needs the {title}")
+            elif waiting == server:
+                put(condition_type, False, "Starting", f"waiting for the {title} to become ready")
+            else:
+                put(condition_type, True, "Serving", f"the {title} is ready")
         for stage, record in self.records.items():
             state = record["state"]
             reason = {
@@ -613,7 +700,7 @@ class TrainingPlanner:
                 "Pending": "Pending",
             }[state]
             if state == "Pending" and stage == current and waiting:
-                reason = "WaitingForTarget"
+                reason = "WaitingForTarget" if waiting == "target" else "WaitingForStreamServer"
             put(STAGE_CONDITIONS[stage], state == "Succeeded", reason, record.get("message") or state.lower())
         if self.failure:
             # Its observedGeneration is the generation that failed: a later spec edit retries.
