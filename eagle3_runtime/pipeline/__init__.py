@@ -1,0 +1,1 @@
+"""`eagle3 pipeline`: the whole DraftTraining pipeline on one machine (presets, config, runner, report)."""
