@@ -72,6 +72,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
+PORT_ATTEMPTS = 3
 MAX_TERMINATION_MESSAGE_BYTES = 4096  # what the kubelet keeps of /dev/termination-log
 
 # The controllers workloads on this test bed rely on; fewer than the default set, because each one
@@ -218,13 +219,25 @@ class LocalCluster:
         self.stop()
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Start everything and wait until it is usable; on failure stop it all and keep the logs."""
         atexit.register(self.stop)
         self._started_at = time.monotonic()
-        try:
-            self._start(time.monotonic() + timeout)
-        except BaseException:
-            self.stop(remove_workdir=False)
-            raise
+        deadline = self._started_at + timeout
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start(deadline)
+                return
+            except ClusterError as error:
+                self.stop(remove_workdir=False)
+                # A port picked free can be taken by another process before the component binds it.
+                if "address already in use" not in str(error) or attempt == PORT_ATTEMPTS:
+                    raise
+                for leftover in ("pki", "etcd", "logs"):
+                    shutil.rmtree(self.workdir / leftover, ignore_errors=True)
+                atexit.register(self.stop)
+            except BaseException:
+                self.stop(remove_workdir=False)
+                raise
 
     def stop(self, *, remove_workdir: bool = True) -> None:
         """Stop every component, clients before the API server before etcd; idempotent.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cluster as cluster_module
 from tests.support.cluster import REPO_ROOT, ClusterError, LocalCluster, find_bin_dir
 
 
@@ -60,6 +61,21 @@ def test_stop_after_a_failure_inside_the_block_leaves_no_process_port_or_directo
     assert [name for name, pid in pids.items() if process_group_alive(pid)] == []
     assert [name for name, port in ports.items() if listening(port)] == []
     assert not workdir.exists()
+
+
+def test_port_taken_between_pick_and_bind_is_picked_again(monkeypatch):
+    # Another process grabs the port picked for etcd before etcd binds it (forced here, a race in life).
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        picks = iter([taken])
+        pick_free_port = cluster_module._free_port
+        monkeypatch.setattr(cluster_module, "_free_port", lambda: next(picks, None) or pick_free_port())
+
+        with LocalCluster(gpu_nodes=1, cpu_nodes=0) as cluster:
+            assert cluster.ports["etcd"] != taken
+            assert cluster.request("GET", "/api/v1/nodes/gpu-node-0")["metadata"]["name"] == "gpu-node-0"
 
 
 def test_component_that_fails_to_start_is_reported_with_its_log_and_the_rest_is_stopped(tmp_path):
