@@ -2,9 +2,9 @@
 
 What runs (binaries built from pinned Go modules by hack/build-testbed.sh):
   etcd, kube-apiserver (own CA, TLS client certificates, RBAC + Node authorization, service-account
-  token signing, default admission plugins), kube-controller-manager (the workload controllers
-  in CONTROLLERS, each with its own service account), kube-scheduler, and kwok, which stands in for the kubelets of the
-  fake nodes (see tests/support/testbed_kwok.py for the nodes and the pod lifecycle it plays).
+  token signing, default admission plugins), kube-controller-manager (the workload controllers in
+  CONTROLLERS, each with its own service account), kube-scheduler, and kwok, which stands in for the
+  kubelets of the fake nodes (tests/support/testbed_kwok.py: the nodes and the pod lifecycle).
 Every component listens on 127.0.0.1 ports picked at start; each runs in its own process group and
 logs to <workdir>/logs/<component>.log; a start failure names the log to read.
 
@@ -28,6 +28,7 @@ API (stable; other test suites build on it):
         cluster.gpu_nodes, cluster.cpu_nodes # node names
         cluster.log_dir                      # component logs
         cluster.pids, cluster.ports          # component process ids, loopback ports
+        cluster.start_timings                # seconds from start() to each readiness step
     wait_until(predicate, timeout=..., interval=..., what="...")       # polling helper
 
 complete_pod / fail_pod write what a kubelet would: phase, Ready=False and a terminated state whose

@@ -6,13 +6,14 @@ Every object here goes through the real kube-apiserver and etcd; only the kubele
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.support.cluster import LocalCluster, wait_until
+from tests.support.cluster import REPO_ROOT, LocalCluster, wait_until
 from tests.support.testbed_kwok import GPU_PRODUCT, GPU_RESOURCE
 
 
@@ -327,3 +328,13 @@ def test_structural_crd_with_a_cel_rule_rejects_a_bad_object_with_the_rule_messa
     assert message in refused.value.body
     stored = custom.get_namespaced_custom_object("testbed.eagle3.dev", "v1", namespace, crd_plural, "ok")
     assert stored["spec"] == {"replicas": 2, "maxReplicas": 3}
+
+
+def test_api_server_reports_the_pinned_kubernetes_release(cluster):
+    go_mod = (REPO_ROOT / "hack" / "testbed" / "kube" / "go.mod").read_text()
+    pinned = re.search(r"^require k8s\.io/kubernetes (v\S+)$", go_mod, re.MULTILINE).group(1)
+
+    version = cluster.request("GET", "/version")
+
+    assert version["gitVersion"] == pinned
+    assert f"v{version['major']}.{version['minor']}." in pinned
