@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,8 +25,9 @@ MONITOR_KINDS_TTL_S = 60.0
 class Reconciler:
     def __init__(self, kube: Kube):
         self.kube = kube
-        self._locks: defaultdict[tuple[str, str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
+        # Objects being reconciled now -> whether an event asked for another pass meanwhile.
+        self._running: dict[tuple[str, str, str], bool] = {}
         # (namespace, DraftTraining) -> SpecDecodeDeployments that take their draft from it.
         self._consumers: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
         self._monitor_kinds: tuple[float, set[str]] = (0.0, set())
@@ -57,14 +59,35 @@ class Reconciler:
     def stop_resync(self) -> None:
         self._stop.set()
 
-    def _lock(self, *ident: str) -> threading.Lock:
+    def _coalesced(self, ident: tuple[str, str, str], reconcile: Callable[[], None]) -> None:
+        """Run one reconcile per object at a time; events that arrive meanwhile fold into one re-run.
+
+        Each reconcile reads the latest state, so a burst of watch events (pods, Jobs, status
+        patches) needs one extra pass, not one per event.
+        """
         with self._locks_guard:
-            return self._locks[ident]
+            if ident in self._running:
+                self._running[ident] = True  # dirty: the running reconcile goes once more
+                return
+            self._running[ident] = False
+        try:
+            while True:
+                reconcile()
+                with self._locks_guard:
+                    if not self._running[ident]:
+                        return
+                    self._running[ident] = False
+        finally:
+            with self._locks_guard:
+                self._running.pop(ident, None)
 
     # ---- DraftTraining ---------------------------------------------------------------------------
 
     def reconcile_training(self, namespace: str, name: str) -> None:
-        with self._lock(DT, namespace, name), metrics.reconcile_timer(DT):
+        self._coalesced((DT, namespace, name), lambda: self._reconcile_training(namespace, name))
+
+    def _reconcile_training(self, namespace: str, name: str) -> None:
+        with metrics.reconcile_timer(DT):
             body = self.kube.get(API_VERSION, DT, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.forget_training(namespace, name)
@@ -119,7 +142,10 @@ class Reconciler:
         return kinds
 
     def reconcile_serving(self, namespace: str, name: str) -> None:
-        with self._lock(SDD, namespace, name), metrics.reconcile_timer(SDD):
+        self._coalesced((SDD, namespace, name), lambda: self._reconcile_serving(namespace, name))
+
+    def _reconcile_serving(self, namespace: str, name: str) -> None:
+        with metrics.reconcile_timer(SDD):
             body = self.kube.get(API_VERSION, SDD, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.PHASES.set(SDD, namespace, name, None)

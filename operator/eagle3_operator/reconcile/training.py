@@ -421,6 +421,8 @@ class TrainingPlanner:
         if stage == "evaluate":
             steps = checkpoints_to_evaluate(self.dt, self._stage_record("train").get("metrics") or {})
             prompts = spec.evaluation.prompts or spec.data.sources[0]
+            # Prompts borrowed from a data source are read the way generation read them.
+            mode = f",mode={prompts.mode}" if hasattr(prompts, "mode") else ""
             jobs = []
             for step in steps:
                 job_mounts = Mounts()
@@ -428,9 +430,11 @@ class TrainingPlanner:
                 job_mounts.add_claim("prompts", prompts.claim_name, "/prompts", read_only=True)
                 args = [
                     *common, "--target", model, "--checkpoint", f"step-{step:08d}",
-                    "--prompts", f"/prompts/{prompts.path}",
+                    "--prompts", f"/prompts/{prompts.path}{mode}",
                     "--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens),
                 ]  # fmt: skip
+                if spec.target.max_model_len:
+                    args += ["--max-model-len", str(spec.target.max_model_len)]
                 jobs.append(
                     self.stage_job(
                         stage,
@@ -449,6 +453,10 @@ class TrainingPlanner:
         if stage == "export":
             output = final_dir if spec.export.quantize == "none" else f"{WORKSPACE}/export"
             args = [*common, "--checkpoint", "best", "--format", spec.export.format, "--output", output]
+            if spec.export.format == "speculators" and not spec.target.model.startswith("pvc://"):
+                # The speculators format records its verifier, so `vllm serve DRAFT` finds the target.
+                args += ["--target", spec.target.model]
+                args += ["--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens)]
             return [self.stage_job(stage, name, args, mounts)]
         if stage == "quantize":
             args = ["--input", f"{WORKSPACE}/export", "--output", final_dir, "--scheme", spec.export.quantize]

@@ -1,0 +1,152 @@
+"""200 DraftTrainings at once on the local test bed: how fast the operator reacts, how quiet it is
+once nothing changes, and how much memory it takes.
+
+    python -m benchmarks.operator.bench_scale [--objects 200] [--idle-seconds 150]
+
+Measures (written to benchmarks/operator/results.json and printed as Markdown):
+  * time from each object's creation until its first children exist (workspace PVC + target
+    Deployment) and until its first stage Job (generate, created once kwok reports the target
+    Ready): median and p99;
+  * write requests per object per minute while idle, from the API server's own
+    apiserver_request_total counter (idle window longer than one resync round);
+  * the operator process's resident memory (peak and at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.operator.harness import (
+    OperatorProcess,
+    apiserver_writes,
+    bind_volume,
+    draft_training_path,
+    install_crds,
+    training_body,
+)
+from tests.support.cluster import LocalCluster, wait_until
+
+RESULTS = Path(__file__).with_name("results.json")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--objects", type=int, default=200)
+    parser.add_argument("--idle-seconds", type=float, default=150.0)
+    args = parser.parse_args()
+    names = [f"bench-{i:03d}" for i in range(args.objects)]
+    # One GPU per target server: enough fake 8-GPU nodes for every object's target at once.
+    with LocalCluster(gpu_nodes=args.objects // 8 + 2, cpu_nodes=2) as cluster:
+        install_crds(cluster)
+        ns = cluster.create_namespace(
+            manual=True
+        )  # stage pods stay Running: the pipeline idles after stage 1
+        bind_volume(cluster, ns, "prompts", create_claim=True)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: bind_volume(cluster, ns, f"{n}-workspace", create_claim=False), names))
+        log = Path(cluster.workdir) / "bench-operator.log"
+        operator = OperatorProcess(cluster, [ns], log).start()
+        peak_rss = rss_mib(operator.proc.pid)
+        created: dict[str, float] = {}
+
+        def create(name: str) -> None:
+            cluster.request("POST", draft_training_path(ns), training_body(ns, name))
+            created[name] = time.monotonic()
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(create, names))
+        print(f"created {len(names)} DraftTrainings in {time.monotonic() - started:.1f} s", flush=True)
+
+        first_children: dict[str, float] = {}
+        first_job: dict[str, float] = {}
+
+        def poll() -> bool:
+            nonlocal peak_rss
+            now = time.monotonic()
+            peak_rss = max(peak_rss, rss_mib(operator.proc.pid))
+            selector = "app.kubernetes.io/managed-by=eagle3-operator"
+            for d in cluster.request(
+                "GET", f"/apis/apps/v1/namespaces/{ns}/deployments?labelSelector={selector}"
+            )["items"]:
+                first_children.setdefault(d["metadata"]["name"].removesuffix("-target"), now)
+            for j in cluster.request("GET", f"/apis/batch/v1/namespaces/{ns}/jobs?labelSelector={selector}")[
+                "items"
+            ]:
+                first_job.setdefault(j["metadata"]["name"].removesuffix("-generate"), now)
+            return len(first_job) >= len(names)
+
+        wait_until(lambda: poll() or len(first_children) >= len(names), timeout=600, interval=0.25,
+                   what="every DraftTraining's first children")  # fmt: skip
+        # The generate Job waits for kwok to report the target Ready; on an overloaded machine kwok's
+        # node heartbeats can lapse and leave targets unready, so this wait is bounded and reported.
+        try:
+            wait_until(poll, timeout=300, interval=0.25, what="every DraftTraining's generate Job")
+        except TimeoutError:
+            print(f"only {len(first_job)} of {len(names)} generate Jobs after the wait", flush=True)
+        to_children = [first_children[n] - created[n] for n in names]
+        to_job = [first_job[n] - created[n] for n in names if n in first_job]
+        print(f"first-stage Jobs: {len(first_job)} after {time.monotonic() - started:.1f} s", flush=True)
+
+        time.sleep(15)  # the last status patches and events settle
+        before = apiserver_writes(cluster)
+        reconciles_before = operator.metric("eagle3_operator_reconcile_total", kind="DraftTraining")
+        idle_start = time.monotonic()
+        while time.monotonic() - idle_start < args.idle_seconds:
+            peak_rss = max(peak_rss, rss_mib(operator.proc.pid))
+            time.sleep(1)
+        idle_minutes = (time.monotonic() - idle_start) / 60
+        writes = apiserver_writes(cluster) - before
+        idle_reconciles = (
+            operator.metric("eagle3_operator_reconcile_total", kind="DraftTraining") - reconciles_before
+        )
+        final_rss = rss_mib(operator.proc.pid)
+        durations_sum = operator.metric(
+            "eagle3_operator_reconcile_duration_seconds_sum", kind="DraftTraining"
+        )
+        durations_count = operator.metric(
+            "eagle3_operator_reconcile_duration_seconds_count", kind="DraftTraining"
+        )
+        errors = operator.metric("eagle3_operator_reconcile_errors_total")
+        operator.stop()
+
+    results = {
+        "objects": len(names),
+        "first_children_s": {"median": statistics.median(to_children), "p99": percentile(to_children, 0.99)},
+        "first_stage_job_s": {
+            "objects": len(to_job),
+            "median": statistics.median(to_job) if to_job else None,
+            "p99": percentile(to_job, 0.99) if to_job else None,
+        },
+        "idle_window_s": round(idle_minutes * 60, 1),
+        "idle_reconciles": idle_reconciles,
+        "idle_writes": dict(writes),
+        "idle_writes_per_object_per_minute": sum(writes.values()) / len(names) / idle_minutes,
+        "operator_rss_mib": {"peak": round(peak_rss, 1), "end": round(final_rss, 1)},
+        "reconciles": durations_count,
+        "mean_reconcile_s": durations_sum / durations_count if durations_count else None,
+        "reconcile_errors": errors,
+    }
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Write avoidance and event coalescing, without a cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from eagle3_operator.apply import contains, status_patch
+from eagle3_operator.reconciler import Reconciler
+
+
+def test_contains_ignores_server_defaults_but_sees_our_changes():
+    desired = {
+        "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "vllm", "args": ["a", "b"]}]}}}
+    }
+    live = {
+        "metadata": {"resourceVersion": "7"},
+        "spec": {
+            "replicas": 1,
+            "progressDeadlineSeconds": 600,
+            "template": {
+                "spec": {"containers": [{"name": "vllm", "args": ["a", "b"], "imagePullPolicy": "Always"}]}
+            },
+        },
+    }
+    assert contains(live, desired)
+    live["spec"]["template"]["spec"]["containers"][0]["args"] = ["a", "b", "--speculative-config", "{}"]
+    assert not contains(live, desired), "a list that differs in length is a change"
+    assert not contains({"spec": {"replicas": 2}}, {"spec": {"replicas": 1}})
+
+
+def test_status_patch_holds_only_changed_top_level_keys_and_nulls_removed_ones():
+    old = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}], "progress": {"step": 1}}
+    new = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert status_patch(old, new) == {"conditions": [{"type": "Ready", "status": "True"}], "progress": None}
+    assert status_patch(new, dict(new)) == {}
+
+
+def test_events_during_a_reconcile_fold_into_one_more_pass():
+    reconciler = Reconciler(kube=None)  # _coalesced needs no API access
+    runs = []
+
+    def reconcile() -> None:
+        runs.append(time.monotonic())
+        time.sleep(0.3)
+
+    first = threading.Thread(target=reconciler._coalesced, args=(("DraftTraining", "ns", "a"), reconcile))
+    first.start()
+    time.sleep(0.05)
+    burst = [
+        threading.Thread(target=reconciler._coalesced, args=(("DraftTraining", "ns", "a"), reconcile))
+        for _ in range(10)
+    ]
+    for thread in burst:
+        thread.start()
+    for thread in [first, *burst]:
+        thread.join()
+    assert len(runs) == 2, f"10 events during one reconcile should cost one more pass, got {len(runs)} passes"
+    # Another object is never held up by this one.
+    reconciler._coalesced(("DraftTraining", "ns", "b"), reconcile)
+    assert len(runs) == 3
