@@ -74,6 +74,7 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 START_TIMEOUT_S = 120.0
 STOP_GRACE_S = 5.0
 PORT_ATTEMPTS = 3
+FRONT_PROXY_CLIENT = "front-proxy-client"
 MAX_TERMINATION_MESSAGE_BYTES = 4096  # what the kubelet keeps of /dev/termination-log
 
 # The controllers workloads on this test bed rely on; fewer than the default set, because each one
@@ -284,6 +285,8 @@ class LocalCluster:
         ca = testbed_pki.CertificateAuthority(pki_dir)
         serving = ca.issue("apiserver", "kube-apiserver", server=True)
         sa_keys = testbed_pki.write_service_account_keys(pki_dir)
+        front_proxy_ca = testbed_pki.CertificateAuthority(pki_dir, "front-proxy-ca", "front-proxy-ca")
+        front_proxy = front_proxy_ca.issue("front-proxy-client", FRONT_PROXY_CLIENT)
         clients = {
             "admin": ca.issue("admin", "eagle3-testbed-admin", organization="system:masters"),
             "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
@@ -312,7 +315,7 @@ class LocalCluster:
 
         self._start_etcd()
         self._wait(deadline, "etcd to report healthy", self._etcd_healthy)
-        self._start_apiserver(ca.pair, serving, sa_keys)
+        self._start_apiserver(ca.pair, serving, sa_keys, front_proxy_ca.pair, front_proxy)
         self._wait(deadline, "kube-apiserver /readyz", lambda: self._get_ok(f"{self.server}/readyz"))
         self._start_controller_manager(kubeconfigs["controller-manager"], ca.pair, sa_keys)
         self._start_scheduler(kubeconfigs["scheduler"])
@@ -399,7 +402,12 @@ class LocalCluster:
             return False
 
     def _start_apiserver(
-        self, ca: testbed_pki.KeyPair, serving: testbed_pki.KeyPair, sa_keys: testbed_pki.KeyPair
+        self,
+        ca: testbed_pki.KeyPair,
+        serving: testbed_pki.KeyPair,
+        sa_keys: testbed_pki.KeyPair,
+        front_proxy_ca: testbed_pki.KeyPair,
+        front_proxy: testbed_pki.KeyPair,
     ) -> None:
         self._spawn(
             "kube-apiserver",
@@ -418,6 +426,18 @@ class LocalCluster:
                 f"--service-account-key-file={sa_keys.cert}",
                 f"--service-account-signing-key-file={sa_keys.key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
+                # Endpoints may not hold loopback addresses, so the "kubernetes" Service gets none
+                # (no pod runs here to use it) instead of a failed reconcile every 10 s.
+                "--endpoint-reconciler-type=none",
+                # The request-header (front-proxy) CA that aggregated API servers and the
+                # controller-manager / scheduler read from extension-apiserver-authentication.
+                f"--requestheader-client-ca-file={front_proxy_ca.cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={front_proxy.cert}",
+                f"--proxy-client-key-file={front_proxy.key}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--event-ttl=30m",

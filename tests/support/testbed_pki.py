@@ -1,7 +1,8 @@
 """Certificates and kubeconfigs for the local control plane (tests/support/cluster.py).
 
 One throw-away CA signs the API server's serving certificate and one client certificate per
-identity (admin, controller-manager, scheduler, kwok). ECDSA P-256 keys: generating them takes
+identity (admin, controller-manager, scheduler, kwok); a second one, the front-proxy CA, signs the
+certificate the API server presents to aggregated API servers (as kubeadm sets it up). ECDSA P-256 keys: generating them takes
 milliseconds, where RSA-2048 takes a noticeable part of a test-bed start.
 """
 
@@ -60,13 +61,13 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
 
 
 class CertificateAuthority:
-    """A self-signed CA written to <dir>/ca.crt and <dir>/ca.key."""
+    """A self-signed CA written to <dir>/<stem>.crt and <dir>/<stem>.key."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, stem: str = "ca", common_name: str = "eagle3-testbed-ca") -> None:
         self.directory = directory
         self._key = _new_key()
         now = dt.datetime.now(dt.UTC)
-        subject = _name("eagle3-testbed-ca")
+        subject = _name(common_name)
         self._cert = (
             x509.CertificateBuilder()
             .subject_name(subject)
@@ -92,7 +93,7 @@ class CertificateAuthority:
             )
             .sign(self._key, hashes.SHA256())
         )
-        self.pair = KeyPair(directory / "ca.crt", directory / "ca.key")
+        self.pair = KeyPair(directory / f"{stem}.crt", directory / f"{stem}.key")
         self.pair.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         _write_key(self.pair.key, self._key)
 
