@@ -320,7 +320,7 @@ class LocalCluster:
         self._start_controller_manager(kubeconfigs["controller-manager"], ca.pair, sa_keys)
         self._start_scheduler(kubeconfigs["scheduler"])
         self._start_kwok(kubeconfigs["kwok"])
-        self._create_nodes()
+        self._create_nodes_and_storage()
         insecure = ssl._create_unverified_context()  # their serving certs are self-signed at start
         for name in ("controller-manager", "scheduler"):
             url = f"https://127.0.0.1:{self.ports[name]}/healthz"
@@ -503,7 +503,8 @@ class LocalCluster:
             env={**os.environ, "HOME": str(self.workdir)},
         )
 
-    def _create_nodes(self) -> None:
+    def _create_nodes_and_storage(self) -> None:
+        self.request("POST", "/apis/storage.k8s.io/v1/storageclasses", testbed_kwok.storage_class_manifest())
         for name in self.gpu_nodes:
             self.request("POST", "/api/v1/nodes", testbed_kwok.node_manifest(name, gpu=True))
         for name in self.cpu_nodes:

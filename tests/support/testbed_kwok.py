@@ -12,6 +12,12 @@ Pod lifecycle (kwok stands in for the kubelet; no container runs):
     LocalCluster.complete_pod / fail_pod (so kwok can never race a test's termination message);
   * a pod being deleted is removed at once (what the kubelet does after its containers stop).
 Pods that no Job owns stay Running until deleted or ended by a test.
+
+Volumes: kwok also plays an external volume provisioner for the StorageClass STORAGE_CLASS (not
+the default class, so claims without a class are untouched). Once the real PV controller marks a
+claim of that class for provisioning, kwok creates a PersistentVolume for it, which the PV
+controller binds; when a claim is deleted, kwok deletes its Released volume (reclaim policy
+Delete). No data is stored anywhere: no container mounts the volumes.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 MANUAL_LABEL = "testbed.eagle3.dev/manual"
 MANUAL_NAMESPACE_PREFIX = "manual-"
 JOB_POD_RUN_MS = 1000
+
+STORAGE_CLASS = "fake-local"
+VOLUME_PROVISIONER = "testbed.eagle3.dev/fake-volume"
 
 GPU_RESOURCE = "amd.com/gpu"
 GPUS_PER_NODE = 8
@@ -163,6 +172,41 @@ containerStatuses:
 """
 
 
+def storage_class_manifest() -> dict:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS},
+        "provisioner": VOLUME_PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+        "allowVolumeExpansion": True,
+    }
+
+
+_PROVISIONED_VOLUME = f"""\
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: pvc-{{{{ .metadata.uid }}}}
+  annotations:
+    pv.kubernetes.io/provisioned-by: {VOLUME_PROVISIONER}
+spec:
+  storageClassName: {{{{ .spec.storageClassName | Quote }}}}
+  accessModes: [{{{{ range $i, $mode := .spec.accessModes }}}}{{{{ if $i }}}}, {{{{ end }}}}{{{{ $mode | Quote }}}}{{{{ end }}}}]
+  capacity: {{storage: {{{{ .spec.resources.requests.storage | Quote }}}}}}
+  volumeMode: {{{{ or .spec.volumeMode "Filesystem" | Quote }}}}
+  persistentVolumeReclaimPolicy: Delete
+  claimRef:
+    apiVersion: v1
+    kind: PersistentVolumeClaim
+    namespace: {{{{ .metadata.namespace | Quote }}}}
+    name: {{{{ .metadata.name | Quote }}}}
+    uid: {{{{ .metadata.uid | Quote }}}}
+  hostPath: {{path: "/var/lib/eagle3-testbed/pvc-{{{{ .metadata.uid }}}}"}}
+"""
+
+
 def stages() -> list[dict]:
     not_deleting = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
     return [
@@ -200,6 +244,36 @@ def stages() -> list[dict]:
             "pod-removed",
             "Pod",
             [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+            [{"delete": True}],
+        ),
+        _stage(
+            "volume-provisioned",
+            "PersistentVolumeClaim",
+            [
+                not_deleting,
+                {"key": ".spec.volumeName", "operator": "DoesNotExist"},
+                # Set by the PV controller once it wants an external provisioner to act.
+                {
+                    "key": '.metadata.annotations["volume.kubernetes.io/storage-provisioner"]',
+                    "operator": "In",
+                    "values": [VOLUME_PROVISIONER],
+                },
+            ],
+            [{"apply": {"template": _PROVISIONED_VOLUME}}],
+        ),
+        _stage(
+            "volume-reclaimed",
+            "PersistentVolume",
+            [
+                not_deleting,
+                {"key": ".status.phase", "operator": "In", "values": ["Released"]},
+                {"key": ".spec.persistentVolumeReclaimPolicy", "operator": "In", "values": ["Delete"]},
+                {
+                    "key": '.metadata.annotations["pv.kubernetes.io/provisioned-by"]',
+                    "operator": "In",
+                    "values": [VOLUME_PROVISIONER],
+                },
+            ],
             [{"delete": True}],
         ),
     ]

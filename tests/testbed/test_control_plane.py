@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.support.cluster import REPO_ROOT, LocalCluster, wait_until
-from tests.support.testbed_kwok import GPU_PRODUCT, GPU_RESOURCE
+from tests.support.testbed_kwok import GPU_PRODUCT, GPU_RESOURCE, STORAGE_CLASS, VOLUME_PROVISIONER
 
 
 @pytest.fixture
@@ -338,3 +338,44 @@ def test_api_server_reports_the_pinned_kubernetes_release(cluster):
 
     assert version["gitVersion"] == pinned
     assert f"v{version['major']}.{version['minor']}." in pinned
+
+
+def test_claim_of_the_fake_storage_class_is_provisioned_bound_and_reclaimed(namespace, api):
+    core = client.CoreV1Api(api)
+    claim = {
+        "metadata": {"name": "workspace"},
+        "spec": {
+            "storageClassName": STORAGE_CLASS,
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "50Gi"}},
+        },
+    }
+    core.create_namespaced_persistent_volume_claim(namespace, claim)
+
+    bound = wait_until(
+        lambda: (
+            (c := core.read_namespaced_persistent_volume_claim("workspace", namespace)).status.phase
+            == "Bound"
+            and c
+        ),
+        timeout=30,
+        what="the claim to be bound",
+    )
+
+    volume = core.read_persistent_volume(bound.spec.volume_name)
+    assert volume.metadata.annotations["pv.kubernetes.io/provisioned-by"] == VOLUME_PROVISIONER
+    assert volume.spec.claim_ref.uid == bound.metadata.uid
+    assert volume.spec.capacity["storage"] == bound.status.capacity["storage"] == "50Gi"
+    # The real PV controller did the binding (kwok only created the volume).
+    assert bound.metadata.annotations["pv.kubernetes.io/bind-completed"] == "yes"
+
+    core.delete_namespaced_persistent_volume_claim("workspace", namespace)
+
+    def volume_gone() -> bool:
+        try:
+            core.read_persistent_volume(volume.metadata.name)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_until(volume_gone, timeout=30, what="the released volume to be deleted")
