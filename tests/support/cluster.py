@@ -26,6 +26,7 @@ API (stable; other test suites build on it):
         cluster.complete_pod(namespace, pod, message="...")             # -> Succeeded, exit code 0
         cluster.fail_pod(namespace, pod, message="...", exit_code=1)    # -> Failed
         cluster.gpu_nodes, cluster.cpu_nodes # node names
+        testbed_kwok.STORAGE_CLASS           # "fake-local": claims of this class get a volume
         cluster.log_dir                      # component logs
         cluster.pids, cluster.ports          # component process ids, loopback ports
         cluster.start_timings                # seconds from start() to each readiness step
@@ -171,6 +172,7 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     # Runs in the child before exec: if the Python process is killed hard (SIGKILL), the kernel
     # sends SIGKILL to the component too, so no stray control plane survives a crashed test run.
+    # (The kernel ties this to the starting *thread*: start a LocalCluster from a long-lived one.)
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
