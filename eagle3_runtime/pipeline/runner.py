@@ -67,7 +67,9 @@ class PipelineRunner:
         self.results: dict[str, StageResult] = {}
 
     def _stage(self, stage: str, argv: list[str]) -> StageResult:
-        result = run_stage(stage, ["--workspace", str(self.workspace.root), *argv], self.results_dir)
+        if "--workspace" not in argv:
+            argv = ["--workspace", str(self.workspace.root), *argv]
+        result = run_stage(stage, argv, self.results_dir)
         self.results[stage] = result
         return result
 
@@ -122,6 +124,11 @@ class PipelineRunner:
         with VLLMServer(c.target, log_path=self.logs_dir / "generate-vllm.log", served_model_name=SERVED_NAME,
                         max_model_len=c.local.max_model_len) as server:  # fmt: skip
             self._stage("generate", ["--server", server.url, *argv])
+            # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
+            from eagle3_runtime.stages.evaluate import measure_baseline
+
+            args = cli.build_parser(["evaluate"]).parse_args(["evaluate", *self._evaluate_argv("step-0")])
+            measure_baseline(self.workspace, server.url, SERVED_NAME, args)
 
     def train(self) -> None:
         c = self.config
@@ -157,13 +164,17 @@ class PipelineRunner:
         steps = checkpoints_to_evaluate(complete_checkpoints(self.workspace), c.evaluate_every)
         if not steps:
             raise RuntimeError(f"training left no checkpoint in {self.workspace.checkpoints_dir}")
-        prompts = [arg for spec in c.eval_prompts for arg in ("--prompts", _source_arg(spec))]
         for step in steps:
-            self._stage("evaluate", [
-                "--target", c.target, "--checkpoint", f"step-{step:08d}", *prompts,
-                "--num-speculative-tokens", str(c.num_speculative_tokens),
-                "--prompts-per-domain", str(c.local.eval_prompts_per_domain),
-                "--max-tokens", str(c.local.eval_max_tokens), "--concurrency", str(c.local.eval_concurrency),
-                "--max-model-len", str(c.local.max_model_len),
-            ])  # fmt: skip
+            self._stage("evaluate", self._evaluate_argv(f"step-{step:08d}"))
         return steps
+
+    def _evaluate_argv(self, checkpoint: str) -> list[str]:
+        c = self.config
+        prompts = [arg for spec in c.eval_prompts for arg in ("--prompts", _source_arg(spec))]
+        return [
+            "--workspace", str(self.workspace.root), "--target", c.target, "--checkpoint", checkpoint, *prompts,
+            "--num-speculative-tokens", str(c.num_speculative_tokens),
+            "--prompts-per-domain", str(c.local.eval_prompts_per_domain),
+            "--max-tokens", str(c.local.eval_max_tokens), "--concurrency", str(c.local.eval_concurrency),
+            "--max-model-len", str(c.local.max_model_len),
+        ]  # fmt: skip

@@ -88,17 +88,34 @@ def _served_model(url: str) -> str:
     return httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"]
 
 
+def baseline_file(workspace: Workspace, prompts: list[SourceSpec], per_domain: int, max_tokens: int,
+                  concurrency: int) -> Path:  # fmt: skip
+    key = prompt_set_key(prompts, per_domain, max_tokens, concurrency)
+    return workspace.evaluations_dir / f"baseline-{key}.json"
+
+
+def measure_baseline(workspace: Workspace, url: str, model: str, args: argparse.Namespace) -> dict:
+    """Measure the no-speculation baseline on a running target server and cache it for `evaluate`."""
+    domains = prompt_domains(args.prompts, args.prompts_per_domain)
+    baseline = _measure(url, model, domains, args)
+    write_json_atomic(
+        baseline_file(workspace, args.prompts, args.prompts_per_domain, args.max_tokens, args.concurrency),
+        baseline,
+    )
+    return baseline
+
+
 def _baseline(args, workspace: Workspace, domains: dict) -> dict | None:
-    key = prompt_set_key(args.prompts, args.prompts_per_domain, args.max_tokens, args.concurrency)
-    cached = workspace.evaluations_dir / f"baseline-{key}.json"
+    cached = baseline_file(
+        workspace, args.prompts, args.prompts_per_domain, args.max_tokens, args.concurrency
+    )
     if cached.exists():
         return json.loads(cached.read_text())
     if args.baseline_server:
-        baseline = _measure(args.baseline_server, _served_model(args.baseline_server), domains, args)
-    elif args.server:
+        return measure_baseline(workspace, args.baseline_server, _served_model(args.baseline_server), args)
+    if args.server:
         return None  # a server we did not start: no baseline unless one is given
-    else:
-        baseline = _serve_and_measure(args, domains, "evaluate-baseline-vllm", None)
+    baseline = _serve_and_measure(args, domains, "evaluate-baseline-vllm", None)
     write_json_atomic(cached, baseline)
     return baseline
 
