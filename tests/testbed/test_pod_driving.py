@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.support.cluster import LocalCluster, wait_until
-from tests.support.testbed_kwok import JOB_POD_RUN_MS
+from tests.support.testbed_kwok import JOB_POD_RUN_MS, MANUAL_LABEL
 
 
 def job(name: str, backoff_limit: int = 0) -> dict:
@@ -121,3 +121,15 @@ def test_ending_a_pod_kwok_would_end_itself_is_refused(cluster, namespace):
 def test_termination_message_longer_than_the_kubelet_keeps_is_refused(cluster, namespace):
     with pytest.raises(ValueError, match="4096"):
         cluster.complete_pod(namespace, "any", message="x" * 4097)
+
+
+def test_job_pod_labelled_manual_waits_for_the_test_in_an_ordinary_namespace(cluster, namespace):
+    manifest = job("labelled")
+    manifest["spec"]["template"]["metadata"] = {"labels": {MANUAL_LABEL: "true"}}
+    cluster.apply(manifest, namespace=namespace)
+    name = job_pod(cluster, namespace, "labelled")["metadata"]["name"]
+    time.sleep(2 * JOB_POD_RUN_MS / 1000)
+
+    ended = cluster.complete_pod(namespace, name, message="done")
+
+    assert ended["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == "done"
