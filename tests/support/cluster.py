@@ -734,8 +734,9 @@ def main() -> None:
     parser.add_argument("--cpu-nodes", type=int, default=2)
     args = parser.parse_args()
 
-    # SIGTERM (e.g. from a supervisor) stops the test bed like Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # SIGTERM (a supervisor) and SIGHUP (the terminal closed) stop the test bed like Ctrl-C does.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(0))
     started = time.monotonic()
     print("starting the test bed ...", flush=True)
     try:

@@ -106,7 +106,8 @@ def test_component_that_fails_to_start_is_reported_with_its_log_and_the_rest_is_
     assert not listening(cluster.ports["etcd"])
 
 
-def test_make_cluster_entry_point_prints_the_kubeconfig_and_stops_cleanly_on_ctrl_c():
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_make_cluster_entry_point_prints_the_kubeconfig_and_stops_cleanly(stop_signal):
     bed = subprocess.Popen(
         [sys.executable, "-m", "tests.support.cluster", "--gpu-nodes", "1", "--cpu-nodes", "1"],
         cwd=REPO_ROOT,
@@ -135,7 +136,7 @@ def test_make_cluster_entry_point_prints_the_kubeconfig_and_stops_cleanly_on_ctr
         ).stdout.split()
         assert sorted(nodes) == ["node/cpu-node-0", "node/gpu-node-0"]
 
-        bed.send_signal(signal.SIGINT)
+        bed.send_signal(stop_signal)
         assert bed.wait(timeout=30) == 0
     finally:
         if bed.poll() is None:
