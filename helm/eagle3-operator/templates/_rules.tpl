@@ -93,8 +93,8 @@ groups:
       - alert: Eagle3DraftTrainingStalled
         expr: |
           (time() - eagle3_draft_training_last_progress_timestamp_seconds > {{ .stalledAfterSeconds }})
-          and on (namespace, name)
-          (eagle3_draft_training_step < eagle3_draft_training_total_steps)
+          unless on (namespace, name)
+          (eagle3_draft_training_step >= eagle3_draft_training_total_steps)
         for: {{ .for | default "5m" }}
         labels:
           severity: {{ .severity | default "warning" }}
