@@ -30,6 +30,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
     """A fresh namespace; kwok ends the pods of Jobs in it with Succeeded after about a second."""
+    cluster.check_running("setting up a test")
     name = cluster.create_namespace()
     yield name
     cluster.delete_namespace(name)
@@ -38,6 +39,7 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
 @pytest.fixture
 def manual_namespace(cluster: LocalCluster) -> Iterator[str]:
     """A fresh namespace whose Job pods stay Running until the test calls complete_pod / fail_pod."""
+    cluster.check_running("setting up a test")
     name = cluster.create_namespace(manual=True)
     yield name
     cluster.delete_namespace(name)

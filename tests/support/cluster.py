@@ -28,6 +28,7 @@ API (stable; other test suites build on it):
         cluster.gpu_nodes, cluster.cpu_nodes # node names
         testbed_kwok.STORAGE_CLASS           # "fake-local": claims of this class get a volume
         cluster.log_dir                      # component logs
+        cluster.check_running()              # ClusterError (with log tail) if a component died
         cluster.pids, cluster.ports          # component process ids, loopback ports
         cluster.start_timings                # seconds from start() to each readiness step
     wait_until(predicate, timeout=..., interval=..., what="...")       # polling helper
@@ -345,15 +346,19 @@ class LocalCluster:
             )
         self._components.append(_Component(name, process, log))
 
+    def check_running(self, doing: str = "running") -> None:
+        """Raise ClusterError naming the first component that has exited, with its log's last lines."""
+        for component in self._components:
+            code = component.process.poll()
+            if code is not None:
+                raise ClusterError(
+                    f"{component.name} exited with code {code} while {doing}; "
+                    f"log {component.log}:\n{component.log_tail()}"
+                )
+
     def _wait(self, deadline: float, what: str, ready: Callable[[], object]) -> None:
         while True:
-            for component in self._components:
-                code = component.process.poll()
-                if code is not None:
-                    raise ClusterError(
-                        f"{component.name} exited with code {code} while waiting for {what}; "
-                        f"log {component.log}:\n{component.log_tail()}"
-                    )
+            self.check_running(f"waiting for {what}")
             if ready():
                 self.start_timings[what] = time.monotonic() - self._started_at
                 return

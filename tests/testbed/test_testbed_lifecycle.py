@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import cluster as cluster_module
-from tests.support.cluster import REPO_ROOT, ClusterError, LocalCluster, find_bin_dir
+from tests.support.cluster import REPO_ROOT, ClusterError, LocalCluster, find_bin_dir, wait_until
 
 
 def process_group_alive(pgid: int) -> bool:
@@ -47,7 +47,7 @@ def children_of(pid: int) -> list[int]:
     return children
 
 
-def test_stop_after_a_failure_inside_the_block_leaves_no_process_port_or_directory():
+def test_crashed_component_is_reported_and_stop_after_a_failure_leaves_nothing_behind():
     with (
         pytest.raises(RuntimeError, match="test body failed"),
         LocalCluster(gpu_nodes=1, cpu_nodes=1) as cluster,
@@ -56,6 +56,19 @@ def test_stop_after_a_failure_inside_the_block_leaves_no_process_port_or_directo
         assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
         assert all(process_group_alive(pid) for pid in pids.values())
         assert listening(ports["apiserver"]) and listening(ports["etcd"])
+        cluster.check_running()
+
+        os.killpg(pids["kube-scheduler"], signal.SIGKILL)
+
+        def crash_report() -> str | None:
+            try:
+                cluster.check_running("testing")
+            except ClusterError as error:
+                return str(error)
+            return None
+
+        report = wait_until(crash_report, timeout=10, what="the crash to be noticed")
+        assert report.startswith("kube-scheduler exited with code -9 while testing; log ")
         raise RuntimeError("test body failed")
 
     assert [name for name, pid in pids.items() if process_group_alive(pid)] == []
