@@ -203,6 +203,7 @@ BAD_VALUES = [
     ({"resources": {"requests": {"memory": None}}}, "memory"),  # null deletes the default
     ({"prometheusRule": {"rateWindow": "5 minutes"}}, "/prometheusRule/rateWindow"),
     ({"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": 0.9}}}}, "/prometheusRule/alerts/acceptanceLengthLow/threshold"),
+    ({"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": "1.0"}}}}, "/prometheusRule/alerts/acceptanceLengthLow/threshold"),
     ({"prometheusRule": {"alerts": {"trainingStalled": {"stalledAfterSeconds": 10}}}}, "/prometheusRule/alerts/trainingStalled/stalledAfterSeconds"),
     ({"prometheusRule": {"alerts": {"servingUnavailable": {"severity": "page"}}}}, "/prometheusRule/alerts/servingUnavailable/severity"),
     ({"metrics": {"serviceMonitor": {"additionalLabels": {"release": 1}}}}, "/metrics/serviceMonitor/additionalLabels/release"),
@@ -219,6 +220,21 @@ def test_schema_violations_fail_with_a_message_naming_the_field(values, field, t
     message = failure.value.stderr
     assert "values don't meet the specifications of the schema" in message, message
     assert field in message, message
+
+
+def test_threshold_given_with_helm_set_is_accepted(tmp_path):
+    """`helm --set x=2.5` passes a string: the schema takes numeric strings above 1 too."""
+    (rule,) = by_kind(
+        render(
+            tmp_path,
+            {"prometheusRule": {"enabled": True, "alerts": {"acceptanceLengthLow": {"threshold": "2.5"}}}},
+        ),
+        "PrometheusRule",
+    )
+    (low,) = [
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "Eagle3AcceptanceLengthLow"
+    ]
+    assert low["expr"].endswith("< 2.5")
 
 
 def test_service_monitor_without_the_service_fails_clearly(tmp_path):
