@@ -16,6 +16,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.chart.helm import rendered_rule_groups
@@ -78,6 +79,7 @@ def raw_increase(prom: Prometheus, metric: str, selector: str, at: float) -> flo
     return values[-1] - values[0]
 
 
+@pytest.mark.slow
 def test_rules_and_dashboards_answer_from_a_live_vllm_and_operator(cluster, tmp_path):
     target = ensure_tiny_target()
     prompts = [text[:400] for text in stdlib_corpus(0.3)[:8]]
