@@ -1,26 +1,31 @@
 {{/*
 The operator's rights in a namespace it serves: a ClusterRole cluster-wide, a Role per namespace
-with watchNamespaces. Kept in step with what eagle3_operator reads and writes (kube.py, handlers.py):
+with watchNamespaces. The same list as docs/architecture.md ("RBAC the operator needs");
 tests/chart/test_install.py runs the real operator with exactly these rights.
 */}}
 {{- define "eagle3-operator.operatorRules" -}}
 - apiGroups: [eagle3.ai]
   resources: [drafttrainings, specdecodedeployments]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch]
 # The scale subresource is for HPA/KEDA and kubectl scale: the operator only reads spec.replicas.
 - apiGroups: [eagle3.ai]
   resources: [drafttrainings/status, specdecodedeployments/status]
-  verbs: [get, patch]
+  verbs: [patch]
+# Stage Jobs; delete: a retry after a spec edit replaces the failed stage's Jobs.
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, delete]
+# Target and serving Deployments and Services (server-side apply creates and patches).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
-  resources: [services, persistentvolumeclaims]
-  verbs: [get, list, watch, create, patch, delete]
-# Stage pods are read for their results (termination messages) and progress annotations.
+  resources: [services]
+  verbs: [get, list, create, patch]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, list, create]
+# Stage results (termination messages) and progress annotations.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
@@ -29,5 +34,5 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
   verbs: [create]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, podmonitors]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, create, patch]
 {{- end }}
