@@ -16,7 +16,7 @@ API (stable; other test suites build on it):
         cluster.ca_file                      # Path of the CA that signed the API server's certificate
         cluster.bin_dir                      # Path with kubectl, helm, kube-apiserver, ...
         cluster.env()                        # os.environ + KUBECONFIG + bin_dir first on PATH
-        cluster.api_client()                 # new kubernetes.client.ApiClient (admin)
+        cluster.api_client(token=None)       # new kubernetes.client.ApiClient (admin, or bearer token)
         cluster.kubectl("get", "nodes", "-o", "json")   # stdout; raises KubectlError on failure
         cluster.request("GET", "/api/v1/nodes")          # admin REST call -> dict; raises ApiError
         cluster.apply(manifest_dict_or_yaml, namespace=None)
@@ -165,6 +165,18 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _open(request: str | urllib.request.Request, context: ssl.SSLContext | None, timeout: float):
+    """urlopen that never goes through an HTTP(S)_PROXY from the environment: all is on loopback."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers).open(request, timeout=timeout)
+
+
+def _with_loopback(no_proxy: str | None) -> str:
+    return ",".join(entry for entry in (no_proxy, "127.0.0.1", "localhost") if entry)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -369,7 +381,7 @@ class LocalCluster:
 
     def _get_ok(self, url: str, context: ssl.SSLContext | None = None) -> bool:
         try:
-            with urllib.request.urlopen(url, context=context or self._admin_ssl, timeout=2) as response:
+            with _open(url, context or self._admin_ssl, timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
             return False
@@ -403,7 +415,7 @@ class LocalCluster:
     def _etcd_healthy(self) -> bool:
         try:
             url = f"http://127.0.0.1:{self.ports['etcd']}/health"
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with _open(url, None, timeout=2) as response:
                 return json.load(response).get("health") == "true"
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             return False
@@ -537,10 +549,14 @@ class LocalCluster:
 
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (operator, helm, kubectl) that should talk to this cluster."""
+        no_proxy = _with_loopback(os.environ.get("NO_PROXY") or os.environ.get("no_proxy"))
         return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            # Python clients (kubernetes, aiohttp) would send even loopback through an HTTP(S)_PROXY.
+            "NO_PROXY": no_proxy,
+            "no_proxy": no_proxy,
         }
 
     def request(self, method: str, path: str, body: dict | None = None, content_type: str = "") -> dict:
@@ -557,7 +573,7 @@ class LocalCluster:
             )
         req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, context=self._admin_ssl, timeout=30) as response:
+            with _open(req, self._admin_ssl, timeout=30) as response:
                 return json.load(response)
         except urllib.error.HTTPError as error:
             raise ApiError(method, path, error.code, error.read().decode(errors="replace")) from None
@@ -576,11 +592,23 @@ class LocalCluster:
             raise KubectlError(argv, result.returncode, result.stderr)
         return result.stdout
 
-    def api_client(self) -> Any:
-        """A new kubernetes.client.ApiClient with admin rights (close it, or use it as a context manager)."""
-        from kubernetes import config
+    def api_client(self, token: str | None = None) -> Any:
+        """A new kubernetes.client.ApiClient (close it, or use it as a context manager).
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        Admin (client certificate) by default; with `token`, it authenticates with that bearer token
+        instead, e.g. one from service_account_token().
+        """
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        if token is None:
+            config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
+        else:
+            configuration.host = self.server
+            configuration.ssl_ca_cert = str(self.ca_file)
+            configuration.api_key = {"authorization": f"Bearer {token}"}
+        configuration.no_proxy = _with_loopback(configuration.no_proxy)
+        return client.ApiClient(configuration)
 
     def apply(self, manifest: dict | list[dict] | str, namespace: str | None = None) -> str:
         """kubectl apply (server-side) of one object, a list of objects, or YAML text."""

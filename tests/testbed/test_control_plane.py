@@ -200,12 +200,8 @@ def test_service_account_bound_to_a_narrow_role_is_refused_what_the_role_lacks(c
         },
     )
     token = cluster.service_account_token(namespace, "pod-reader")
-    config = client.Configuration()
-    config.host = cluster.server
-    config.ssl_ca_cert = str(cluster.ca_file)
-    config.api_key = {"authorization": f"Bearer {token}"}
 
-    with client.ApiClient(config) as as_reader:
+    with cluster.api_client(token=token) as as_reader:
         reader = client.CoreV1Api(as_reader)
         review = client.AuthenticationV1Api(as_reader).create_self_subject_review({})
         assert review.status.user_info.username == f"system:serviceaccount:{namespace}:pod-reader"
