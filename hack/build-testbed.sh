@@ -10,7 +10,10 @@ export CGO_ENABLED=0
 
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.21.4
-KUBE_VERSION=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/testbed/kube/go.mod")
+# The Kubernetes release the wrapper module pins (a one-line require or a line in a require block).
+KUBE_VERSION=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3} $1 == "k8s.io/kubernetes" {print $2}' \
+  "$here/testbed/kube/go.mod")
+[[ $KUBE_VERSION == v1.* ]] || { echo "no k8s.io/kubernetes version in hack/testbed/kube/go.mod" >&2; exit 1; }
 # The key changes whenever a pinned version changes, so a stale binary is never reused.
 key=$(cat "$here/testbed/kube/go.mod" "$here/testbed/etcd/go.mod" "$0" | sha256sum | cut -c1-12)
 bin=$cache/bin/$key
