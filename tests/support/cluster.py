@@ -628,10 +628,13 @@ class LocalCluster:
 
         manual=True gives it the prefix that stops kwok from ending Job pods in it (see module doc).
         """
-        prefix = testbed_kwok.MANUAL_NAMESPACE_PREFIX if manual else "test-"
-        name = name or f"{prefix}{uuid.uuid4().hex[:8]}"
-        if manual != name.startswith(testbed_kwok.MANUAL_NAMESPACE_PREFIX):
-            raise ValueError(f"namespace {name!r}: only manual namespaces may start with {prefix!r}")
+        manual_prefix = testbed_kwok.MANUAL_NAMESPACE_PREFIX
+        name = name or f"{manual_prefix if manual else 'test-'}{uuid.uuid4().hex[:8]}"
+        if manual != name.startswith(manual_prefix):
+            rule = "must" if manual else "may not"
+            raise ValueError(
+                f"namespace {name!r}: a {'' if manual else 'non-'}manual one {rule} start with {manual_prefix!r}"
+            )
         self.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
         # Pods are refused until the ServiceAccount controller has created "default".
         wait_until(lambda: self._default_service_account(name), timeout=30, what=f"default SA in {name}")

@@ -133,3 +133,10 @@ def test_job_pod_labelled_manual_waits_for_the_test_in_an_ordinary_namespace(clu
     ended = cluster.complete_pod(namespace, name, message="done")
 
     assert ended["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == "done"
+
+
+def test_namespace_name_must_match_whether_kwok_ends_its_job_pods(cluster):
+    with pytest.raises(ValueError, match="a manual one must start with 'manual-'"):
+        cluster.create_namespace("plain", manual=True)
+    with pytest.raises(ValueError, match="a non-manual one may not start with 'manual-'"):
+        cluster.create_namespace("manual-by-mistake")
