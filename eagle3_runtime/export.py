@@ -57,9 +57,18 @@ def read_eagle3_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     return json.loads(config_path.read_text()), load_file(str(weights_path))
 
 
-def write_speculators_dir(out: Path, eagle3_dir: Path, *, verifier: str, speculative_tokens: int) -> Path:
-    """Re-label a plain eagle3 directory in the speculators format."""
+def write_speculators_dir(
+    out: Path,
+    eagle3_dir: Path,
+    *,
+    verifier: str,
+    speculative_tokens: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
+    """Re-label a plain eagle3 directory (a checkpoint or an export) in the speculators format."""
     config, weights = read_eagle3_dir(eagle3_dir)
+    dtype_name = str(dtype).removeprefix("torch.")
+    config.update(dtype=dtype_name, torch_dtype=dtype_name)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     layer_config = {
@@ -84,10 +93,13 @@ def write_speculators_dir(out: Path, eagle3_dir: Path, *, verifier: str, specula
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
         },
-        "torch_dtype": config.get("torch_dtype", "bfloat16"),
+        "torch_dtype": dtype_name,
     }
     (out / "config.json").write_text(json.dumps(speculators_config, indent=2, sort_keys=True))
-    renamed = {name.replace("midlayer.", "layers.0.", 1): tensor for name, tensor in weights.items()}
+    renamed = {
+        name.replace("midlayer.", "layers.0.", 1): t.to(dtype) if t.is_floating_point() else t
+        for name, t in weights.items()
+    }
     save_file(renamed, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     return out
 

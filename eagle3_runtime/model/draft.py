@@ -41,16 +41,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: TTTAttention
-    ) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [B, Hq, T, D] and k, v [B, Hkv, T, D], with rotary positions applied."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        out = attend(q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return (*apply_rotary_pos_emb(q, k, cos, sin), v)
 
 
 class MLP(nn.Module):
@@ -76,11 +73,20 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = MLP(config)
 
-    def forward(self, embeds, hidden, cos, sin, attend: TTTAttention) -> torch.Tensor:
-        residual = hidden  # vLLM's default: the residual is the hidden state *before* hidden_norm
+    def attention_inputs(self, embeds, hidden, cos, sin):
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        hidden = self.self_attn(x, cos, sin, attend) + residual
+        return self.self_attn.project(x, cos, sin)
+
+    def finish(self, attention_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """o_proj, fused add + norm, MLP, add: the pre-norm output."""
+        b, _, t, _ = attention_out.shape
+        hidden = self.self_attn.o_proj(attention_out.transpose(1, 2).reshape(b, t, -1)) + residual
         return self.mlp(self.post_attention_layernorm(hidden)) + hidden
+
+    def forward(self, embeds, hidden, cos, sin, attend: TTTAttention) -> torch.Tensor:
+        # vLLM's default: the residual is the hidden input *before* hidden_norm.
+        q, k, v = self.attention_inputs(embeds, hidden, cos, sin)
+        return self.finish(attend(q, k, v), hidden)
 
 
 class Eagle3Draft(nn.Module):
@@ -124,6 +130,16 @@ class Eagle3Draft(nn.Module):
         from eagle3_runtime.model.loss import ttt_loss
 
         return ttt_loss(self, batch, **loss_options)
+
+
+def compile_draft(model: Eagle3Draft) -> None:
+    """torch.compile the dense parts around the attention (fuses norms, rotary, SiLU, casts)."""
+    # FlexAttention compiles once per TTT step (the key length grows with the step).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+    layer = model.midlayer
+    layer.attention_inputs = torch.compile(layer.attention_inputs)
+    layer.finish = torch.compile(layer.finish)
+    model.logits = torch.compile(model.logits)
 
 
 def init_weights(model: Eagle3Draft, seed: int) -> None:

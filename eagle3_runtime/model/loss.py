@@ -108,6 +108,7 @@ def ttt_loss(
     attention_backend: str = "eager",
     reduce_counts: Callable[[torch.Tensor], torch.Tensor] = lambda counts: counts,
     kl: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = soft_kl,
+    gather_counted: bool = True,
 ) -> tuple[torch.Tensor, TTTStats]:
     """Loss of one batch, normalised by the counted slots of all ranks (`reduce_counts`).
 
@@ -132,16 +133,22 @@ def ttt_loss(
         input_ids = _shift_left(batch.input_ids, shift, 0)
         hidden = draft.step(input_ids, hidden, batch.positions + i, attend)
         mask = masks[i]
-        # Only counted slots go through lm_head and the loss.
-        logits = draft.logits(hidden[mask])
-        targets = _shift_left(target_log_probs, shift, 0.0)[mask]
-        row_kl = kl(logits, targets)
-        loss = loss + decay**i * row_kl.sum() / global_counts[i].clamp(min=1)
-        with torch.no_grad():
+        targets, choice = _shift_left(target_log_probs, shift, 0.0), _shift_left(target_choice, shift, 0)
+        if gather_counted:
+            # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
+            logits = draft.logits(hidden[mask])
+            kl_sum = kl(logits, targets[mask]).sum()
             correct = torch.zeros_like(mask)
-            correct[mask] = logits.argmax(-1) == _shift_left(target_choice, shift, 0)[mask]
+            correct[mask] = logits.argmax(-1) == choice[mask]
+        else:
+            # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
+            logits = draft.logits(hidden)
+            kl_sum = torch.where(mask, kl(logits, targets), 0.0).sum()
+            correct = (logits.argmax(-1) == choice) & mask
+        loss = loss + decay**i * kl_sum / global_counts[i].clamp(min=1)
+        with torch.no_grad():
             conditional = mask & still_correct
-            stats["kl_sum"].append(row_kl.detach().sum().float())
+            stats["kl_sum"].append(kl_sum.detach().float())
             stats["count"].append(mask.sum().float())
             stats["correct"].append(correct.sum().float())
             stats["conditional_correct"].append((conditional & correct).sum().float())

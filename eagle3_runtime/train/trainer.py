@@ -21,8 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from eagle3_runtime.layout import Workspace
-from eagle3_runtime.model.draft import Eagle3Draft, init_weights
-from eagle3_runtime.model.loss import TTTBatch, TTTStats
+from eagle3_runtime.model.draft import Eagle3Draft, compile_draft, init_weights
+from eagle3_runtime.model.loss import TTTBatch, TTTStats, soft_kl
 from eagle3_runtime.model.vocab import DraftVocab
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead
@@ -48,6 +48,8 @@ class TrainSettings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     attention: str = "auto"  # eager | flex | auto (flex on GPU)
+    compile: bool | None = None  # torch.compile the dense parts; default: on GPU
+    freeze_lm_head: bool = False  # speculators' recipe: lm_head stays the target's rows
 
     @property
     def rows_per_step(self) -> int:
@@ -75,6 +77,7 @@ class DraftTrainer:
         workspace: Workspace | None = None,
         progress: ProgressReporter | None = None,
         show_progress_bar: bool = True,
+        target_name: str | None = None,
     ):
         if settings.steps <= 0:
             raise ValueError(f"--steps must be positive, got {settings.steps}")
@@ -91,7 +94,7 @@ class DraftTrainer:
             )
         self.settings, self.context, self.workspace, self.progress = settings, context, workspace, progress
         self.show_progress_bar = show_progress_bar and context.is_main
-        self.draft_config, self.vocab = draft_config, vocab
+        self.draft_config, self.vocab, self.target_name = draft_config, vocab, target_name
         device = context.device
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -109,6 +112,13 @@ class DraftTrainer:
             draft.embed_tokens.weight.copy_(embeddings)
             draft.d2t.copy_(vocab.d2t)
             draft.t2d.copy_(vocab.t2d)
+            # The target's own output rows for the draft vocabulary are a much better start than noise.
+            draft.lm_head.weight.copy_(target_head.lm_head_weight[vocab.used_ids].float())
+        draft.lm_head.weight.requires_grad_(not settings.freeze_lm_head)
+        self.kl = soft_kl
+        if settings.compile if settings.compile is not None else device.type == "cuda":
+            compile_draft(draft)
+            self.kl = torch.compile(soft_kl)
         self.model = shard_model(draft.to(device), context)
         self.target_head = target_head.to(device)
         self.draft_ids = None if vocab.is_full else vocab.used_ids.to(device)
@@ -156,6 +166,10 @@ class DraftTrainer:
     def train_step(self) -> dict[str, Any]:
         started = time.perf_counter()
         batch, tokens = self._batch()
+        return self.optimize(batch, tokens, started)
+
+    def optimize(self, batch: TTTBatch, tokens: int, started: float) -> dict[str, Any]:
+        """Forward, backward and optimizer step on one batch already on the device."""
         with self.autocast:
             loss, stats = self.model(
                 batch,
@@ -164,6 +178,8 @@ class DraftTrainer:
                 draft_ids=self.draft_ids,
                 attention_backend=self.attention,
                 reduce_counts=self.context.all_reduce_sum,
+                kl=self.kl,
+                gather_counted=self.context.device.type != "cuda",
             )
         # FSDP averages gradients over ranks; the loss is already normalised globally.
         (loss * self.context.world_size).backward()
@@ -254,6 +270,7 @@ class DraftTrainer:
             manifest = {
                 "metrics": {k: v for k, v in self.last_summary.items() if k != "step"},
                 "settings": asdict(self.settings),
+                "target": self.target_name,
             }
             model_state = {k: v for k, v in model_state.items() if not k.startswith("embed_tokens.")}
             write_checkpoint(

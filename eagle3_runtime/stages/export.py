@@ -1,0 +1,56 @@
+"""`eagle3 export`: a checkpoint as a vLLM-loadable draft directory (docs/contracts.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from eagle3_runtime.export import copy_draft_dir, write_speculators_dir
+from eagle3_runtime.layout import StageResult, Workspace
+from eagle3_runtime.train.checkpoint import MANIFEST
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workspace", required=True, type=Path)
+    parser.add_argument("--checkpoint", default="best", help="best (from selection.json) or step-N")
+    parser.add_argument("--format", choices=["eagle3", "speculators"], default="eagle3")
+    parser.add_argument("--output", type=Path, default=None, help="default: WORKSPACE/export")
+    parser.add_argument("--target", default=None, help="verifier recorded in the speculators format")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="speculators format default")
+
+
+def checkpoint_dir(workspace: Workspace, name: str) -> Path:
+    if name == "best":
+        if not workspace.selection_file.exists():
+            raise FileNotFoundError(f"{workspace.selection_file} is missing: run `eagle3 select` first")
+        step = int(json.loads(workspace.selection_file.read_text())["step"])
+    elif name.startswith("step-") and name.removeprefix("step-").isdigit():
+        step = int(name.removeprefix("step-"))
+    else:
+        raise ValueError(f"--checkpoint must be 'best' or step-N, got {name!r}")
+    path = workspace.checkpoint_dir(step)
+    if not (path / MANIFEST).exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist or is incomplete")
+    return path
+
+
+def run(args: argparse.Namespace) -> StageResult:
+    workspace = Workspace(args.workspace)
+    source = checkpoint_dir(workspace, args.checkpoint)
+    output = args.output or workspace.export_dir
+    if args.format == "eagle3":
+        copy_draft_dir(source, output)
+    else:
+        verifier = args.target or json.loads((source / MANIFEST).read_text()).get("target")
+        if not verifier:
+            raise ValueError("the speculators format records its verifier: pass --target")
+        write_speculators_dir(
+            output, source, verifier=verifier, speculative_tokens=args.num_speculative_tokens
+        )
+    return StageResult(
+        stage="export",
+        message=f"exported {source.name} as {args.format}",
+        metrics={"step": int(source.name.removeprefix("step-"))},
+        artifacts={"path": str(output)},
+    )
