@@ -517,6 +517,9 @@ class LocalCluster:
                 f"--manage-nodes-with-annotation-selector={key}={value}",
                 "--cidr=10.244.0.0/16",
                 "--node-ip=10.0.0.1",
+                # Renew a Lease per node like a kubelet does (kwok's default is none), or the
+                # node-lifecycle controller marks the nodes unreachable after its grace period.
+                "--node-lease-duration-seconds=40",
             ],
             # kwok also reads ~/.kwok/kwok.yaml; a developer's own file must not change the test bed.
             env={**os.environ, "HOME": str(self.workdir)},

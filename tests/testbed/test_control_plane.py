@@ -375,3 +375,24 @@ def test_claim_of_the_fake_storage_class_is_provisioned_bound_and_reclaimed(name
         return False
 
     wait_until(volume_gone, timeout=30, what="the released volume to be deleted")
+
+
+def test_every_fake_node_heartbeats_through_a_renewed_lease(cluster):
+    # Without lease renewals the node-lifecycle controller marks the nodes unreachable after its
+    # grace period and taints them NoExecute, which would evict pods in a long test session.
+    def renew_times() -> dict[str, str]:
+        leases = cluster.request("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
+        return {lease["metadata"]["name"]: lease["spec"].get("renewTime") for lease in leases["items"]}
+
+    nodes = set(cluster.gpu_nodes + cluster.cpu_nodes)
+    first = wait_until(
+        lambda: (times := renew_times()).keys() >= nodes and times, timeout=30, what="node leases"
+    )
+
+    renewed = wait_until(
+        lambda: all(renew_times()[node] != first[node] for node in nodes), timeout=30, what="lease renewals"
+    )
+
+    assert renewed
+    for node in cluster.request("GET", "/api/v1/nodes")["items"]:
+        assert not node["spec"].get("taints"), node["metadata"]["name"]
