@@ -52,11 +52,16 @@ def apply_plan(
     for gone in plan.delete:
         log.info("deleting %s %s", gone["kind"], gone["name"])
         kube.delete(gone["apiVersion"], gone["kind"], namespace, gone["name"])
+    written = None
     patch = status_patch(owner.get("status") or {}, plan.status)
     if patch:
-        kube.patch_status(owner["apiVersion"], owner["kind"], namespace, owner["metadata"]["name"], patch)
+        result = kube.patch_status(
+            owner["apiVersion"], owner["kind"], namespace, owner["metadata"]["name"], patch
+        )
+        written = result.get("metadata", {}).get("resourceVersion")
     for event in plan.events:
         post_event(kube, owner, event.type, event.reason, event.message)
+    return written
 
 
 def post_event(kube: Kube, owner: dict[str, Any], type_: str, reason: str, message: str) -> None:

@@ -44,6 +44,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 300
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 1.0
+    # Server-side label selectors: the operator never streams the cluster's other pods, Jobs, Deployments.
+    # Stage pods only (results, progress); the servers' pods are seen through their Deployments.
+    settings.watching.label_selectors["pods"] = meta.STAGE_LABEL
+    settings.watching.label_selectors["jobs"] = meta.DRAFT_TRAINING_LABEL
+    settings.watching.label_selectors["deployments"] = f"app.kubernetes.io/managed-by={meta.MANAGED_BY}"
     settings.queueing.worker_limit = 64
     settings.execution.max_workers = 16
     settings.networking.request_timeout = 60
@@ -63,8 +68,10 @@ def _is_deleted(event: dict[str, Any]) -> bool:
 
 
 @kopf.on.event(GROUP, VERSION, DT_PLURAL)
-def draft_training_event(event: dict[str, Any], name: str, namespace: str, **_: Any) -> None:
+def draft_training_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
     reconciler().track("DraftTraining", namespace, name, deleted=_is_deleted(event))
+    if not _is_deleted(event) and reconciler().caused_by_us("DraftTraining", dict(body)):
+        return
     # On DELETED the reconcile finds nothing and clears the object's metrics.
     reconciler().reconcile_training(namespace, name)
 
@@ -74,7 +81,7 @@ def _parent_training(labels: dict[str, str]) -> str | None:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={meta.DRAFT_TRAINING_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "pods", labels={meta.DRAFT_TRAINING_LABEL: kopf.PRESENT})
+@kopf.on.event("", "v1", "pods", labels={meta.STAGE_LABEL: kopf.PRESENT})
 def training_child_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
     parent = _parent_training(labels)
     if parent:
@@ -93,5 +100,5 @@ def deployment_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
 def spec_decode_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
     reconciler().track("SpecDecodeDeployment", namespace, name, deleted=_is_deleted(event))
     reconciler().note_serving(dict(body), deleted=_is_deleted(event))
-    if not _is_deleted(event):
+    if not _is_deleted(event) and not reconciler().caused_by_us("SpecDecodeDeployment", dict(body)):
         reconciler().reconcile_serving(namespace, name)

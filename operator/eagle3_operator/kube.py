@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-from eagle3_operator import API_VERSION
+from eagle3_operator import API_VERSION, metrics
 
 FIELD_MANAGER = "eagle3-operator"
 WRITE_VERBS = ("create", "patch", "apply", "delete")
@@ -84,6 +84,7 @@ class Kube:
     ) -> dict[str, Any]:
         with self._lock:
             self.requests[verb] += 1
+        metrics.API_REQUESTS.labels(verb).inc()
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, body, _ = self.api.param_serialize(
             method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
@@ -130,9 +131,9 @@ class Kube:
 
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
-    ) -> None:
+    ) -> dict[str, Any]:
         path = resource_path(api_version, kind, namespace, name, "status")
-        self._call(
+        return self._call(
             "patch", "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
         )
 

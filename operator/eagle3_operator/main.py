@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import kopf
@@ -30,15 +29,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     import eagle3_operator.handlers  # noqa: F401 - registers the kopf handlers
 
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.bind_address)
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    # kopf sets up the root logger (one handler, so every line is printed once).
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.FULL)
     liveness = f"http://{args.bind_address}:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(
         standalone=True,

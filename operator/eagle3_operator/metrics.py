@@ -26,6 +26,9 @@ RESOURCES = Gauge(
     "Custom resources by kind, namespace and phase.",
     ["kind", "namespace", "phase"],
 )
+API_REQUESTS = Counter(
+    "eagle3_operator_api_requests_total", "Kubernetes API requests the operator made, by verb.", ["verb"]
+)
 TRAINING_LABELS = ["namespace", "name"]
 TRAINING_STEP = Gauge("eagle3_draft_training_step", "Latest training step.", TRAINING_LABELS)
 TRAINING_TOTAL_STEPS = Gauge("eagle3_draft_training_total_steps", "Training steps planned.", TRAINING_LABELS)

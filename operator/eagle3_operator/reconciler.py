@@ -33,6 +33,8 @@ class Reconciler:
         self._monitor_kinds: tuple[float, set[str]] = (0.0, set())
         self._requeued: set[tuple[str, str, str]] = set()
         self._known: set[tuple[str, str, str]] = set()
+        # resourceVersion our own last status patch produced, per object: its watch event needs no reconcile.
+        self._own_writes: dict[tuple[str, str, str], str] = {}
         self._stop = threading.Event()
 
     def track(self, kind: str, namespace: str, name: str, deleted: bool = False) -> None:
@@ -81,6 +83,18 @@ class Reconciler:
             with self._locks_guard:
                 self._running.pop(ident, None)
 
+    def _remember_write(self, ident: tuple[str, str, str], resource_version: str | None) -> None:
+        if resource_version:
+            with self._locks_guard:
+                self._own_writes[ident] = resource_version
+
+    def caused_by_us(self, kind: str, body: dict[str, Any]) -> bool:
+        """True for the watch event of our own status patch: nothing in it is news to us."""
+        meta_ = body.get("metadata") or {}
+        with self._locks_guard:
+            written = self._own_writes.get((kind, meta_.get("namespace"), meta_.get("name")))
+        return written is not None and written == meta_.get("resourceVersion")
+
     # ---- DraftTraining ---------------------------------------------------------------------------
 
     def reconcile_training(self, namespace: str, name: str) -> None:
@@ -111,7 +125,7 @@ class Reconciler:
             )
             plan = plan_training(body, observed)
             live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
-            apply_plan(self.kube, body, plan, live)
+            self._remember_write((DT, namespace, name), apply_plan(self.kube, body, plan, live))
             metrics.record_training(namespace, name, plan.status)
             if plan.requeue_after:
                 self._requeue(DT, namespace, name, plan.requeue_after)
@@ -167,7 +181,7 @@ class Reconciler:
             plan = plan_serving(body, observed)
             listed = {"Deployment": deployments, "Service": services, **monitors}
             live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
-            apply_plan(self.kube, body, plan, live)
+            self._remember_write((SDD, namespace, name), apply_plan(self.kube, body, plan, live))
             conditions = {c["type"]: c["status"] for c in plan.status.get("conditions") or []}
             metrics.PHASES.set(
                 SDD, namespace, name, "Available" if conditions.get("Available") == "True" else "Unavailable"

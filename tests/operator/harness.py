@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -311,3 +312,10 @@ def wait_for_quiet_cluster(cluster: LocalCluster) -> None:
         return all(n["status"].get("phase") != "Terminating" for n in namespaces)
 
     wait_until(settled, timeout=120, interval=0.5, what="terminating namespaces to be gone")
+
+
+def events_since(cluster: LocalCluster, since: float) -> list[dict[str, Any]]:
+    """Events (all namespaces) last seen at or after the Unix time `since` (second resolution)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since - 1))
+    found = cluster.request("GET", "/api/v1/events")["items"]
+    return [e for e in found if (e.get("lastTimestamp") or e.get("eventTime") or "") >= stamp]
