@@ -1,0 +1,123 @@
+"""Export formats: what vLLM's own loaders read from the plain and the speculators directories."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+from eagle3_runtime.cli import main as eagle3
+from eagle3_runtime.export import write_eagle3_dir
+from eagle3_runtime.layout import Workspace
+from eagle3_runtime.train.checkpoint import write_checkpoint
+from tests.runtime.test_model import tiny_draft
+
+
+def test_d2t_and_t2d_only_when_the_draft_vocabulary_is_smaller(tmp_path):
+    small = tiny_draft(draft_vocab_size=20)
+    weights = load_file(
+        str(
+            write_eagle3_dir(tmp_path / "small", small.trainable_state_dict(), small.config)
+            / "model.safetensors"
+        )
+    )
+    assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
+    assert weights["lm_head.weight"].shape == (20, 32) and weights["fc.weight"].dtype == torch.bfloat16
+    assert not any(k.startswith("embed_tokens") for k in weights)
+
+    full = tiny_draft(draft_vocab_size=50)
+    out = write_eagle3_dir(tmp_path / "full", full.trainable_state_dict(), full.config)
+    assert "d2t" not in load_file(str(out / "model.safetensors"))  # vLLM refuses d2t then
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert (config["draft_vocab_size"], config["vocab_size"], config["num_hidden_layers"]) == (50, 50, 1)
+
+
+def _workspace_with_checkpoint(tmp_path, step=4):
+    draft = tiny_draft(draft_vocab_size=20)
+    workspace = Workspace(tmp_path / "ws")
+    write_checkpoint(
+        workspace,
+        step,
+        model_state=draft.trainable_state_dict(),
+        draft_config=draft.config,
+        training_state={},
+        manifest={"target": "org/target-model"},
+    )
+    return workspace
+
+
+def test_speculators_export_is_read_by_vllm(tmp_path):
+    workspace = _workspace_with_checkpoint(tmp_path)
+    out = tmp_path / "spec"
+    assert (
+        eagle3(
+            [
+                "export",
+                "--workspace",
+                str(workspace.root),
+                "--checkpoint",
+                "step-4",
+                "--format",
+                "speculators",
+                "--output",
+                str(out),
+                "--num-speculative-tokens",
+                "5",
+            ]
+        )
+        == 0
+    )
+    raw = json.loads((out / "config.json").read_text())
+    layer = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(raw)))
+    assert layer["architectures"] == ["Eagle3LlamaForCausalLM"]
+    assert layer["draft_vocab_size"] == 20 and layer["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert layer["norm_before_residual"] is False  # the residual is taken before hidden_norm, as we train
+    assert SpeculatorsConfig.extract_vllm_speculative_config(raw) == {
+        "method": "eagle3",
+        "num_speculative_tokens": 5,
+    }
+    assert raw["speculators_config"]["verifier"]["name_or_path"] == "org/target-model"
+    weights = load_file(str(out / "model.safetensors"))
+    assert "layers.0.self_attn.q_proj.weight" in weights and not any(
+        k.startswith("midlayer.") for k in weights
+    )
+    assert weights["layers.0.mlp.down_proj.weight"].dtype == torch.bfloat16
+
+
+def test_export_checkpoint_choice_and_errors(tmp_path):
+    workspace = _workspace_with_checkpoint(tmp_path)
+    result = tmp_path / "result.json"
+    assert (
+        eagle3(
+            [
+                "export",
+                "--workspace",
+                str(workspace.root),
+                "--checkpoint",
+                "best",
+                "--result-file",
+                str(result),
+            ]
+        )
+        == 1
+    )
+    assert "eagle3 select" in json.loads(result.read_text())["message"]
+    workspace.selection_file.write_text(json.dumps({"step": 4, "acceptance_length": 2.7}))
+    assert (
+        eagle3(
+            [
+                "export",
+                "--workspace",
+                str(workspace.root),
+                "--checkpoint",
+                "best",
+                "--result-file",
+                str(result),
+            ]
+        )
+        == 0
+    )
+    assert json.loads(result.read_text())["artifacts"]["path"] == str(workspace.export_dir)
+    assert (workspace.export_dir / "model.safetensors").exists()
+    assert eagle3(["export", "--workspace", str(workspace.root), "--checkpoint", "step-9"]) == 1
