@@ -1,0 +1,359 @@
+"""EAGLE-3 training-step throughput on one GPU: ours vs speculators 0.9.0, and MFU.
+
+    python benchmarks/trainer/gpu_step.py --impl all          # peak matmul, ours, speculators
+    torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours   # FSDP2 path
+
+Shapes (Llama-3-8B-like target): hidden 4096, 32 heads / 8 KV heads, MLP 14336, target vocab
+128256, draft vocab 32000, one packed row of 2048 tokens per GPU, 7 TTT steps, synthetic
+target states. Both implementations get the same device-resident batches, bf16 autocast over
+fp32 master weights, fused AdamW, grad clipping at 1.0; each is warmed up (compiled) first.
+
+Model FLOPs per token (for MFU) count what the step must compute: the draft's matmuls
+forward and backward (weight and input gradients; `fc` has no input gradient), attention
+scores and values over the TTT key pattern, and the target head's forward over the full
+vocabulary. The peak is a bf16 8192^3 matmul measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 4096, 32, 8, 128, 14336
+TARGET_VOCAB, DRAFT_VOCAB, LAYERS = 128256, 32000, 32
+TINY = dict(HIDDEN=64, HEADS=4, KV_HEADS=2, HEAD_DIM=16, MLP=128, TARGET_VOCAB=1000, DRAFT_VOCAB=500)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_gib() -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
+
+
+def target_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=LAYERS,
+        vocab_size=TARGET_VOCAB,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )
+
+
+def flops_per_token(seq_len: int, ttt_steps: int, *, lm_head_trained: bool, target_vocab: int) -> float:
+    q, kv, o = 2 * HIDDEN * HEADS * HEAD_DIM, 2 * HIDDEN * KV_HEADS * HEAD_DIM, HEADS * HEAD_DIM * HIDDEN
+    layer = q + 2 * kv + o + 3 * HIDDEN * MLP
+    lm_head = HIDDEN * DRAFT_VOCAB
+    per_step = 2 * 3 * layer + 2 * (3 if lm_head_trained else 2) * lm_head
+    total = 0.0
+    for i in range(ttt_steps):
+        keys = (seq_len + 1) / 2 + i  # causal step-0 keys plus i diagonal keys
+        total += per_step + 2 * 2 * keys * HEADS * HEAD_DIM * 3.5  # QK^T and PV: fwd + ~2.5x bwd
+    total += 2 * 2 * 3 * HIDDEN * HIDDEN  # fc: forward + weight gradient
+    total += 2 * HIDDEN * target_vocab  # target logits (speculators: only the draft vocabulary's rows)
+    return total
+
+
+def peak_matmul_tflops() -> float:
+    n = 8192
+    a, b = (
+        torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+        torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+    )
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return 2 * n**3 / times[len(times) // 2] / 1e12
+
+
+def synthetic_batches(count: int, seq_len: int, device):
+    """Random target states and a draft vocabulary: the same tensors for both implementations."""
+    g = torch.Generator().manual_seed(0)
+    target = {
+        "embeddings": (torch.randn(TARGET_VOCAB, HIDDEN, generator=g) * 0.02).to(torch.bfloat16),
+        "lm_head": (torch.randn(TARGET_VOCAB, HIDDEN, generator=g) * 0.02).to(torch.bfloat16),
+        "norm": torch.ones(HIDDEN),
+    }
+    # Frequent ids: a Zipf-like choice makes the draft vocabulary cover most tokens, as in real data.
+    weights = 1.0 / torch.arange(1, TARGET_VOCAB + 1, dtype=torch.float64) ** 1.1
+    perm = torch.randperm(TARGET_VOCAB, generator=g)
+    batches = []
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # states arrive in bf16 from vLLM
+    for _ in range(count):
+        ids = perm[torch.multinomial(weights, seq_len, replacement=True, generator=g)]
+        batches.append(
+            {
+                "input_ids": ids[None].to(device),
+                "aux": (torch.randn(1, seq_len, 3 * HIDDEN, generator=g)).to(dtype).to(device),
+                "last": (torch.randn(1, seq_len, HIDDEN, generator=g) * 2).to(dtype).to(device),
+                "loss_mask": torch.ones(1, seq_len, dtype=torch.bool, device=device),
+            }
+        )
+    counts = torch.zeros(TARGET_VOCAB, dtype=torch.int64)
+    for batch in batches:
+        counts += torch.bincount(batch["input_ids"].flatten().cpu(), minlength=TARGET_VOCAB)
+    counts += (weights[perm.argsort()] * 1e6).to(torch.int64)  # stable choice beyond the sampled ids
+    return target, counts, batches
+
+
+def timed(step, batches, warmup: int, steps: int) -> tuple[float, list[float]]:
+    losses = []
+    for i in range(warmup):
+        step(batches[i % len(batches)])
+    sync()
+    started = time.perf_counter()
+    for i in range(steps):
+        losses.append(step(batches[i % len(batches)]))
+    sync()
+    return time.perf_counter() - started, losses
+
+
+def run_ours(args, target, counts, batches):
+    from eagle3_runtime.model.config import draft_config_from_target
+    from eagle3_runtime.model.loss import TTTBatch
+    from eagle3_runtime.model.vocab import build_draft_vocab
+    from eagle3_runtime.target import TargetHead
+    from eagle3_runtime.train.distributed import init_distributed
+    from eagle3_runtime.train.trainer import DraftTrainer, TrainSettings
+
+    context = init_distributed()
+    vocab = build_draft_vocab(counts, DRAFT_VOCAB)
+    draft_config = draft_config_from_target(target_config(), layer_ids="auto", draft_vocab_size=DRAFT_VOCAB)
+    settings = TrainSettings(
+        steps=10**6,
+        learning_rate=1e-4,
+        batch_tokens=args.seq_len * context.world_size,
+        seq_len=args.seq_len,
+        ttt_steps=args.ttt_steps,
+        warmup_steps=1,
+        attention=args.attention,
+        freeze_lm_head=args.freeze_lm_head,
+    )
+    trainer = DraftTrainer(
+        settings=settings,
+        draft_config=draft_config,
+        vocab=vocab,
+        embeddings=target["embeddings"].float(),
+        target_head=TargetHead(target["norm"], target["lm_head"], 1e-5),
+        source=lambda: iter(()),
+        context=context,
+        show_progress_bar=False,
+    )
+    head = trainer.target_head
+    seq = args.seq_len
+
+    def step(b):
+        batch = TTTBatch(
+            input_ids=b["input_ids"],
+            aux_hidden_states=b["aux"],
+            target_logits=head(b["last"]),
+            predict_mask=b["loss_mask"],
+            document_ids=torch.zeros_like(b["input_ids"]),
+            positions=torch.arange(seq, device=b["input_ids"].device)[None],
+        )
+        return trainer.optimize(batch, seq, time.perf_counter())["loss"]
+
+    elapsed, losses = timed(step, batches, args.warmup, args.steps)
+    return {
+        "tokens_per_second": args.steps * seq * context.world_size / elapsed,
+        "losses": losses,
+        "world_size": context.world_size,
+        "peak_memory_gib": peak_memory_gib(),
+    }
+
+
+def run_speculators(args, target, counts, batches):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    from eagle3_runtime.model.vocab import build_draft_vocab
+
+    vocab = build_draft_vocab(counts, DRAFT_VOCAB)
+    layer_config = target_config()
+    layer_config._attn_implementation = args.speculators_attention if DEVICE == "cuda" else "eager"
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=DRAFT_VOCAB,
+        norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[2, 16, 29],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig.from_config(layer_config, name_or_path=None),
+        ),
+    )
+    if args.speculators_attention == "simple_flex_attention" and args.speculators_compile == "flex":
+        # Their whole-forward torch.compile re-traces the decoder layer on every call on torch 2.11
+        # (guards on transformers' DynamicCache), gives up, and runs flex uncompiled: out of memory on
+        # the H200 (seen). Here their forward runs eagerly and only their flex_attention call is
+        # compiled, which is what their compiled forward would run for the attention.
+        import speculators.models.attention as speculators_attention
+        from torch.nn.attention.flex_attention import flex_attention
+
+        speculators_attention.flex_attention = torch.compile(flex_attention, dynamic=False)
+        forward = Eagle3DraftModel.forward
+        Eagle3DraftModel.forward = getattr(forward, "_torchdynamo_orig_callable", forward)
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(vocab.t2d, vocab.d2t)
+    with torch.no_grad():  # what load_verifier_weights would read from the verifier checkpoint
+        model.embed_tokens.weight.copy_(target["embeddings"].float())
+        rows = target["lm_head"][vocab.used_ids].float()
+        model.verifier_lm_head.weight.copy_(rows)
+        model.lm_head.weight.copy_(rows)
+        model.verifier_norm.weight.copy_(target["norm"])
+    model = model.to(DEVICE).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=DEVICE == "cuda")
+    # speculators' fused Triton loss does not trace under torch.compile on torch 2.11 (a dynamo
+    # AssertionError in triton_kernel_wrap, seen on the H200); its eager loss is compiled with the rest.
+    loss_config = resolve_loss_config("kl_div", args.speculators_loss)
+    seq = args.seq_len
+
+    def step(b):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            _, loss, _ = model(
+                hidden_states=b["aux"],
+                input_ids=b["input_ids"],
+                document_ids=torch.zeros_like(b["input_ids"]),
+                loss_mask=b["loss_mask"],
+                verifier_last_hidden_states=b["last"],
+                ttt_steps=args.ttt_steps,
+                ttt_step_loss_decay=0.8,
+                loss_config=loss_config,
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss.item()
+
+    elapsed, losses = timed(step, batches, args.warmup, args.steps)
+    trainable = sum(p.numel() for p in params)
+    return {
+        "tokens_per_second": args.steps * seq / elapsed,
+        "losses": losses,
+        "trainable_parameters": trainable,
+        "peak_memory_gib": peak_memory_gib(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--impl", choices=["all", "ours", "speculators", "peak"], default="all")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--ttt-steps", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--attention", default="flex")
+    parser.add_argument(
+        "--freeze-lm-head", action="store_true", help="speculators' recipe (lm_head not trained)"
+    )
+    parser.add_argument("--out", default=None, help="write the JSON result here too")
+    parser.add_argument("--tiny", action="store_true", help="small shapes: a CPU dry run of the code paths")
+    parser.add_argument("--speculators-loss", choices=["eager", "fused"], default="eager")
+    # Their default, simple_flex_attention, falls back to uncompiled flex on torch 2.11 + transformers
+    # 5.17 (the decoder layer recompiles past any limit on its KV-cache guards) and runs out of
+    # memory on the H200 (seen); sdpa runs their dense-mask path through PyTorch's SDPA kernels.
+    parser.add_argument("--speculators-attention", choices=["sdpa", "simple_flex_attention"], default="sdpa")
+    parser.add_argument(
+        "--speculators-compile",
+        choices=["forward", "flex"],
+        default="forward",
+        help="forward: their own torch.compile of the whole forward; flex: only flex_attention",
+    )
+    args = parser.parse_args()
+    if args.tiny:
+        globals().update(TINY)
+    # Both implementations compile one frame per TTT step (the key length grows); the default
+    # limit of 8 recompilations makes speculators' layer fall back to eager, uncompiled flex.
+    torch._dynamo.config.recompile_limit = 64
+    result = {
+        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "seq_len": args.seq_len,
+        "ttt_steps": args.ttt_steps,
+        "steps": args.steps,
+        "freeze_lm_head": args.freeze_lm_head,
+        "speculators_attention": args.speculators_attention,
+        "speculators_loss": args.speculators_loss,
+        "speculators_compile": args.speculators_compile,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    if args.impl in ("all", "peak") and DEVICE == "cuda":
+        result["peak_bf16_tflops"] = peak_matmul_tflops()
+    flops = {
+        "ours": flops_per_token(
+            args.seq_len, args.ttt_steps, lm_head_trained=not args.freeze_lm_head, target_vocab=TARGET_VOCAB
+        ),
+        "speculators": flops_per_token(
+            args.seq_len, args.ttt_steps, lm_head_trained=False, target_vocab=DRAFT_VOCAB
+        ),
+    }
+    if args.impl != "peak":
+        device = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            if DEVICE == "cuda"
+            else torch.device("cpu")
+        )
+        target, counts, batches = synthetic_batches(4, args.seq_len, device)
+        for name, run in (("ours", run_ours), ("speculators", run_speculators)):
+            if args.impl not in ("all", name):
+                continue
+            if DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                result[name] = run(args, target, counts, batches)
+            except Exception as exc:  # noqa: BLE001 - report the other implementation's numbers anyway
+                result[name] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+                continue
+            result[name]["model_gflop_per_token"] = flops[name] / 1e9
+            result[name]["tflops"] = result[name]["tokens_per_second"] * flops[name] / 1e12
+            if "peak_bf16_tflops" in result:
+                result[name]["mfu"] = result[name]["tflops"] / result["peak_bf16_tflops"]
+            print(name, json.dumps(result[name]), flush=True)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+        if "tokens_per_second" in result.get("ours", {}) and "tokens_per_second" in result.get(
+            "speculators", {}
+        ):
+            result["speedup_ours_over_speculators"] = (
+                result["ours"]["tokens_per_second"] / result["speculators"]["tokens_per_second"]
+            )
+    if int(os.environ.get("RANK", 0)) == 0:
+        text = json.dumps(result, indent=1)
+        print(text)
+        if args.out:
+            with open(args.out, "w") as handle:
+                handle.write(text)
+
+
+if __name__ == "__main__":
+    main()
