@@ -107,15 +107,19 @@ class Reconciler:
                 metrics.forget_training(namespace, name)
                 return
             selector = f"{meta.DRAFT_TRAINING_LABEL}={name}"
+            kinds = (
+                ("batch/v1", "Job"),
+                ("v1", "Pod"),
+                ("apps/v1", "Deployment"),
+                ("v1", "Service"),
+                ("v1", "PersistentVolumeClaim"),
+            )
+            # A never-reconciled object (no status) has no children worth reading: its first plan
+            # only creates the workspace and the target (a leftover from a crash answers 409 or is
+            # applied unchanged), and no Job is planned before the target is seen Ready.
+            fresh = not body.get("status")
             listed = {
-                kind: self.kube.list(api_version, kind, namespace, selector)
-                for api_version, kind in (
-                    ("batch/v1", "Job"),
-                    ("v1", "Pod"),
-                    ("apps/v1", "Deployment"),
-                    ("v1", "Service"),
-                    ("v1", "PersistentVolumeClaim"),
-                )
+                kind: [] if fresh else self.kube.list(av, kind, namespace, selector) for av, kind in kinds
             }
             observed = TrainingObserved(
                 now=datetime.now(UTC),
