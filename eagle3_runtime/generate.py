@@ -33,6 +33,8 @@ from eagle3_runtime.layout import write_json_atomic
 from eagle3_runtime.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
+# One INFO line per request would drown the progress bar and the retry messages.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 PLAN_FILE = "plan.json"
 BAD_ROWS_FILE = "bad-rows.jsonl"

@@ -36,11 +36,11 @@ def tiny_cpu(workspace: Path) -> PipelineConfig:
         concurrency=4,
         hidden_states="offline",
         draft_vocab_size=2048,
-        steps=360,
+        steps=180,
         learning_rate=3e-3,
         batch_tokens=2048,
         ttt_steps=3,
-        checkpoint_every=120,
+        checkpoint_every=60,
         evaluate_every=2,
         num_speculative_tokens=3,
         local=LocalSettings(

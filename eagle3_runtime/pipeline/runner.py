@@ -36,6 +36,7 @@ def run_stage(stage: str, argv: list[str], results_dir: Path) -> StageResult:
     try:
         result = cli._stage_module(stage).run(args)
     except Exception as exc:
+        log.exception("eagle3 %s failed", stage)
         result = StageResult(stage=stage, ok=False, message=f"{type(exc).__name__}: {exc}")
         write_json_atomic(results_dir / f"{stage}.json", json.loads(result.to_message()))
         raise StageFailed(result) from exc

@@ -68,11 +68,11 @@ def test_offline_streaming_and_online_states_agree(tmp_path, tiny_target):
         for sample in (off, stream, local):
             assert torch.equal(sample.input_ids, input_ids) and torch.equal(sample.loss_mask, loss_mask)
             assert sample.hidden_states.shape == (len(input_ids), 4, config.hidden_size)
-        # Same server, same computation: offline and streamed states are identical.
-        assert torch.equal(off.hidden_states, stream.hidden_states)
-        # The HF target in-process agrees with vLLM within bf16 rounding, layer by layer.
+        # Offline and streamed states come from the same server (bit-identical when it batches the
+        # requests alike); the HF target in-process agrees with vLLM within bf16 rounding, layer by layer.
         for layer in range(4):
-            error = _relative_error(off.hidden_states[:, layer], local.hidden_states[:, layer])
-            assert error < BF16_TOLERANCE, f"layer slot {layer}: relative error {error:.4f}"
+            for name, other in (("streamed", stream), ("online", local)):
+                error = _relative_error(off.hidden_states[:, layer], other.hidden_states[:, layer])
+                assert error < BF16_TOLERANCE, f"{name}, layer slot {layer}: relative error {error:.4f}"
         # The states differ between layers (the slots are not copies of one layer).
         assert _relative_error(off.hidden_states[:, 0], off.hidden_states[:, 3]) > 0.1
