@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> StageResult:
         source=source,
         context=context,
         workspace=workspace,
-        progress=ProgressReporter("train", workspace) if context.is_main else None,
+        progress=ProgressReporter("train", workspace.root) if context.is_main else None,
         target_name=args.target,
     )
     summary = trainer.train()

@@ -1,0 +1,143 @@
+"""`eagle3 train` from offline shards, online states against Hugging Face, and bad input."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle3_runtime.cli import main as eagle3
+from eagle3_runtime.hidden_states import HiddenStateSample, write_samples
+from eagle3_runtime.layout import Workspace
+from eagle3_runtime.target import OnlineHiddenStates, TargetHead
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_hidden_layers=4,
+        vocab_size=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    path = tmp_path_factory.mktemp("target")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def test_online_states_are_the_residual_entering_each_layer_and_the_last_pre_norm(target_dir):
+    model = LlamaForCausalLM.from_pretrained(target_dir).eval()
+    ids = torch.randint(0, 64, (12,))
+    with torch.no_grad():
+        out = model(ids[None], output_hidden_states=True)
+    states = OnlineHiddenStates(str(target_dir), [1, 2, 3])(ids)
+    assert states.shape == (12, 4, 32)
+    for slot, layer in enumerate([1, 2, 3]):  # HF output_hidden_states[l] enters layer l
+        torch.testing.assert_close(states[:, slot], out.hidden_states[layer][0])
+    # the last slot is pre-norm: the target head turns it into the model's own logits
+    head = TargetHead.from_pretrained(str(target_dir))
+    torch.testing.assert_close(head(states[:, 3]), out.logits[0], atol=1e-4, rtol=1e-4)
+
+
+def _write_states(target_dir, workspace, layer_ids=(1, 2, 3), hidden=None, count=12):
+    states = OnlineHiddenStates(str(target_dir), list(layer_ids))
+    g = torch.Generator().manual_seed(0)
+
+    def samples():
+        for _ in range(count):
+            ids = torch.randint(0, 64, (40,), generator=g)
+            mask = torch.arange(40) >= 10
+            h = states(ids)
+            yield HiddenStateSample(ids, mask, h if hidden is None else h[..., :hidden])
+
+    return write_samples(
+        workspace.hidden_states_dir,
+        samples(),
+        layer_ids=list(layer_ids),
+        num_hidden_layers=4,
+        hidden_size=hidden or 32,
+        samples_per_shard=4,
+    )
+
+
+def train_args(workspace, target_dir, *extra):
+    return [
+        "train",
+        "--workspace",
+        str(workspace.root),
+        "--target",
+        str(target_dir),
+        "--hidden-states",
+        "offline",
+        "--draft-vocab-size",
+        "48",
+        "--steps",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--batch-tokens",
+        "128",
+        "--seq-len",
+        "128",
+        "--ttt-steps",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--result-file",
+        str(workspace.root / "result.json"),
+        *extra,
+    ]
+
+
+def test_train_stage_offline_then_noop(tmp_path, target_dir):
+    workspace = Workspace(tmp_path / "ws")
+    _write_states(target_dir, workspace)
+    assert eagle3(train_args(workspace, target_dir)) == 0
+    result = json.loads((workspace.root / "result.json").read_text())
+    assert (
+        result["ok"]
+        and result["metrics"]["step"] == 4
+        and [int(s) for s in result["metrics"]["checkpoints"]] == [2, 4]
+    )
+    assert len(result["metrics"]["accuracy_per_position"]) == 2
+    config = json.loads((workspace.checkpoint_dir(4) / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and config["draft_vocab_size"] == 48
+    progress = json.loads((workspace.root / "progress" / "train.json").read_text())
+    assert progress["step"] == 4 and progress["totalSteps"] == 4
+    lines = (workspace.reports_dir / "train-metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
+    # a finished run is a no-op with the same result
+    assert eagle3(train_args(workspace, target_dir)) == 0
+    assert json.loads((workspace.root / "result.json").read_text())["metrics"]["step"] == 4
+
+
+def _failure(workspace, target_dir, *extra) -> str:
+    assert eagle3(train_args(workspace, target_dir, *extra)) == 1
+    return json.loads((workspace.root / "result.json").read_text())["message"]
+
+
+def test_train_stage_bad_input(tmp_path, target_dir):
+    empty = Workspace(tmp_path / "empty")
+    empty.root.mkdir()
+    assert "run `eagle3 extract" in _failure(empty, target_dir)
+
+    narrow = Workspace(tmp_path / "narrow")
+    _write_states(target_dir, narrow, hidden=16, count=4)
+    assert "hidden_size" in _failure(narrow, target_dir)
+
+    other_layers = Workspace(tmp_path / "layers")
+    _write_states(target_dir, other_layers, count=4)
+    assert "extracted states" in _failure(other_layers, target_dir, "--layer-ids", "0,1,2")
+
+    missing = Workspace(tmp_path / "missing")
+    _write_states(target_dir, missing, count=8)
+    (missing.hidden_states_dir / "shard-00001.safetensors").unlink()
+    assert "missing" in _failure(missing, target_dir)
+
+    assert "larger than the target" in _failure(other_layers, target_dir, "--draft-vocab-size", "65")
