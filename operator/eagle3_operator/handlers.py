@@ -50,7 +50,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.label_selectors["jobs"] = meta.DRAFT_TRAINING_LABEL
     settings.watching.label_selectors["deployments"] = f"app.kubernetes.io/managed-by={meta.MANAGED_BY}"
     settings.queueing.worker_limit = 64
-    settings.execution.max_workers = 32
+    settings.execution.max_workers = 16
     settings.networking.request_timeout = 60
     # Only warnings from kopf's own logs become Events; the operator posts its transitions itself.
     settings.posting.level = logging.WARNING
