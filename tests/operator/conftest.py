@@ -32,7 +32,8 @@ def start_operator(
     yield start
     for process in started:
         process.stop()
-    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
         for process in started:
             print(f"\n--- operator log {process.log_path} ---\n{process.log_tail(120)}")
 
