@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        # kopf wants an iterable even when cluster-wide (None crashes its namespace observer).
+        namespaces=args.namespace,
         liveness_endpoint=liveness,
     )
     return 0

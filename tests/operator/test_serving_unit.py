@@ -58,7 +58,19 @@ def test_monitors_only_when_the_prometheus_operator_serves_them():
     monitors = [o for o in plan.sync if o["apiVersion"] == "monitoring.coreos.com/v1"]
     assert [m["kind"] for m in monitors] == ["ServiceMonitor", "PodMonitor"]
     assert monitors[0]["metadata"]["labels"]["release"] == "kps"
-    assert monitors[0]["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    assert monitors[0]["spec"]["endpoints"] == [
+        {
+            "port": "http",
+            "path": "/metrics",
+            "interval": "30s",
+            "relabelings": [
+                {
+                    "sourceLabels": ["__meta_kubernetes_service_label_eagle3_ai_spec_decode_deployment"],
+                    "targetLabel": "specdecodedeployment",
+                }
+            ],
+        }
+    ]
 
 
 def test_from_draft_training_waits_then_rolls_the_draft_in():

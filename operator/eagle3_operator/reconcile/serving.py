@@ -113,8 +113,20 @@ class ServingPlanner:
 
     def monitors(self) -> list[dict[str, Any]]:
         monitoring = self.sdd.spec.monitoring
-        endpoint = {"port": "http", "path": "/metrics", "interval": monitoring.interval}
         labels = self.labels | dict(monitoring.additional_labels)
+
+        def endpoint(source_prefix: str) -> dict[str, Any]:
+            # The chart's rules and dashboards group by `specdecodedeployment`, taken from our label.
+            source = source_prefix + meta.SPEC_DECODE_LABEL.replace(".", "_").replace("/", "_").replace(
+                "-", "_"
+            )
+            return {
+                "port": "http",
+                "path": "/metrics",
+                "interval": monitoring.interval,
+                "relabelings": [{"sourceLabels": [source], "targetLabel": "specdecodedeployment"}],
+            }
+
         out = []
         if monitoring.service_monitor and "ServiceMonitor" in self.observed.monitor_kinds:
             out.append(
@@ -122,7 +134,10 @@ class ServingPlanner:
                     "apiVersion": MONITORING_API,
                     "kind": "ServiceMonitor",
                     "metadata": meta.object_meta(self.body, self.name, labels),
-                    "spec": {"selector": {"matchLabels": self.selector}, "endpoints": [endpoint]},
+                    "spec": {
+                        "selector": {"matchLabels": self.selector},
+                        "endpoints": [endpoint("__meta_kubernetes_service_label_")],
+                    },
                 }
             )
         if monitoring.pod_monitor and "PodMonitor" in self.observed.monitor_kinds:
@@ -131,7 +146,10 @@ class ServingPlanner:
                     "apiVersion": MONITORING_API,
                     "kind": "PodMonitor",
                     "metadata": meta.object_meta(self.body, self.name, labels),
-                    "spec": {"selector": {"matchLabels": self.selector}, "podMetricsEndpoints": [endpoint]},
+                    "spec": {
+                        "selector": {"matchLabels": self.selector},
+                        "podMetricsEndpoints": [endpoint("__meta_kubernetes_pod_label_")],
+                    },
                 }
             )
         return out
