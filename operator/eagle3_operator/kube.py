@@ -37,6 +37,10 @@ class ApiError(Exception):
         self.status = status
 
 
+class NamespaceTerminating(ApiError):
+    """A write into a namespace that is being deleted: nothing to reconcile there any more."""
+
+
 class NotFound(ApiError):
     def __init__(self, path: str):
         super().__init__(404, f"not found: {path}")
@@ -95,7 +99,13 @@ class Kube:
         if response.status == 404:
             raise NotFound(path)
         if not 200 <= response.status < 300:
-            raise ApiError(response.status, f"{method} {path}: {data.decode(errors='replace')[:2000]}")
+            text = data.decode(errors="replace")
+            error = (
+                NamespaceTerminating
+                if response.status == 403 and "NamespaceTerminating" in text
+                else ApiError
+            )
+            raise error(response.status, f"{method} {path}: {text[:2000]}")
         return json.loads(data) if data else {}
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

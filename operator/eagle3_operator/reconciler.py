@@ -12,7 +12,7 @@ from typing import Any
 
 from eagle3_operator import API_VERSION, metrics
 from eagle3_operator.apply import apply_plan, key
-from eagle3_operator.kube import Kube
+from eagle3_operator.kube import Kube, NamespaceTerminating
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.serving import MONITORING_API, ServingObserved, plan_serving
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
@@ -74,7 +74,12 @@ class Reconciler:
             self._running[ident] = False
         try:
             while True:
-                reconcile()
+                try:
+                    reconcile()
+                except NamespaceTerminating:
+                    # Its objects go with the namespace; retrying would only log refusals.
+                    log.info("%s %s/%s: namespace is being deleted; not reconciling", *ident)
+                    return
                 with self._locks_guard:
                     if not self._running[ident]:
                         return

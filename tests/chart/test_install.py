@@ -61,7 +61,9 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
 
         def available() -> dict[str, Any] | None:
             body = get(cluster, spec_decode_path(work, "serve")) or {}
-            return body if condition(body, "Available").get("status") == "True" else None
+            # The target serves before the draft rolls in: wait for both.
+            ready = all(condition(body, c).get("status") == "True" for c in ("Available", "DraftResolved"))
+            return body if ready else None
 
         serving = wait_until(available, timeout=120, interval=0.5, what="SpecDecodeDeployment Available")
         assert condition(serving, "DraftResolved").get("status") == "True"
