@@ -18,7 +18,7 @@ from eagle3_runtime.layout import DEFAULT_RESULT_FILE, StageResult, write_result
 
 STAGES = {
     "generate": "regenerate on-policy training data from a vLLM target server",
-    "extract": "extract target hidden states (offline shards on disk)",
+    "extract": "extract target hidden states: offline shards on disk, or a streaming server for the trainer",
     "train": "train the EAGLE-3 draft head (TTT loss; FSDP2 under torchrun)",
     "evaluate": "serve a checkpoint with vLLM speculative decoding and measure acceptance",
     "select": "pick the best checkpoint by measured acceptance length",
