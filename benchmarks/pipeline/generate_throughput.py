@@ -1,0 +1,85 @@
+"""`eagle3 generate` throughput against `vllm bench serve` on the same server, prompts and concurrency.
+
+    python benchmarks/pipeline/generate_throughput.py --num-prompts 128 --max-tokens 128 --concurrency 8
+
+Both clients send the same raw completion prompts (cut from the standard library) to one vLLM
+CPU server on the tiny target, greedy, stopping at the model's end of text; runs alternate
+(bench, generate, bench, generate, ...) and the medians are compared. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from eagle3_runtime.generate import GenerateConfig, SamplingSettings, SourceSpec, run_generate
+from eagle3_runtime.pipeline.prompts import write_prompt_sets
+from eagle3_runtime.tiny_target import ensure_tiny_target
+from eagle3_runtime.vllm_server import VLLMServer
+
+SERVED = "tiny"
+
+
+def bench_serve(url: str, target: Path, prompts: Path, args, result_dir: Path, run: int) -> float:
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", SERVED, "--tokenizer", str(target),
+        "--dataset-name", "custom", "--dataset-path", str(prompts), "--skip-chat-template",
+        "--custom-output-len", str(args.max_tokens), "--num-prompts", str(args.num_prompts),
+        "--max-concurrency", str(args.concurrency), "--temperature", "0",
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", f"bench-{run}.json",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads((result_dir / f"bench-{run}.json").read_text())["output_throughput"]
+
+
+def eagle3_generate(url: str, prompts: Path, args, workdir: Path) -> float:
+    config = GenerateConfig(
+        server=url,
+        sources=[SourceSpec(path=str(prompts), mode="completion")],
+        sampling=SamplingSettings(model=SERVED, max_tokens=args.max_tokens, temperature=0.0),
+        num_samples=args.num_prompts,
+        concurrency=args.concurrency,
+    )
+    return run_generate(config, workdir).tokens_per_second
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    target = ensure_tiny_target()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        rows = (write_prompt_sets(tmp / "sets")["train"] / "completion-code.jsonl").read_text().splitlines()
+        prompts = tmp / "prompts.jsonl"
+        prompts.write_text("".join(line + "\n" for line in rows[: args.num_prompts]))
+        with VLLMServer(target, log_path=tmp / "vllm.log", served_model_name=SERVED) as server:
+            bench, ours = [], []
+            bench_serve(server.url, target, prompts, args, tmp, -1)  # warm-up
+            for run in range(args.rounds):
+                bench.append(bench_serve(server.url, target, prompts, args, tmp, run))
+                ours.append(eagle3_generate(server.url, prompts, args, tmp / f"generate-{run}"))
+    result = {
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "vllm_bench_serve_tokens_per_second": bench,
+        "eagle3_generate_tokens_per_second": ours,
+        "ratio_of_medians": round(statistics.median(ours) / statistics.median(bench), 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

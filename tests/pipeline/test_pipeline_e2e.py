@@ -1,0 +1,77 @@
+"""`eagle3 pipeline --preset tiny-cpu` end to end on real vLLM (CPU build) and real training.
+
+The bar (issue 6): the exported draft's mean acceptance length, measured by vLLM's own
+/metrics with 3 speculative tokens and greedy decoding, is at least 2.5, and better than the
+first evaluated checkpoint's. The exported weights are byte-identical to the ones evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from eagle3_runtime.layout import StageResult
+from eagle3_runtime.pipeline.prompts import DOMAINS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _pipeline(workspace, result_file):
+    command = [sys.executable, "-m", "eagle3_runtime.cli", "pipeline", "--preset", "tiny-cpu",
+               "--workspace", str(workspace), "--result-file", str(result_file)]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=3600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # about 15 min on an idle 2-core machine; a loaded one needs more
+def test_tiny_cpu_pipeline_trains_a_draft_that_vllm_accepts(tmp_path, tiny_target):
+    workspace = tmp_path / "ws"
+    run = _pipeline(workspace, tmp_path / "result.json")
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    result = StageResult.parse_message((tmp_path / "result.json").read_text())
+    assert result.ok, result.message
+
+    evaluations = [json.loads(p.read_text()) for p in sorted((workspace / "evaluations").glob("step-*.json"))]
+    assert len(evaluations) >= 2
+    first, selection = evaluations[0], json.loads((workspace / "selection.json").read_text())
+    best = next(e for e in evaluations if e["step"] == selection["step"])
+    assert best["num_speculative_tokens"] == 3 and best["settings"]["temperature"] == 0.0
+    assert best["acceptance_length"] >= 2.5, evaluations
+    assert best["acceptance_length"] > first["acceptance_length"], evaluations
+    assert set(best["per_domain"]) == set(DOMAINS)
+    assert len(best["acceptance_per_position"]) == 3
+    assert best["speedup"] is not None and best["baseline_tokens_per_second"] > 0
+    assert result.metrics["acceptance_length"] == best["acceptance_length"]
+
+    # What was measured is what was exported.
+    exported = workspace / "export" / "model.safetensors"
+    assert _sha256(exported) == _sha256(
+        workspace / ".evaluate" / f"step-{best['step']:08d}" / "model.safetensors"
+    )
+    config = json.loads((workspace / "export" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+
+    report = (workspace / "reports" / "report.md").read_text()
+    assert f"| {best['step']} | {best['acceptance_length']:.3f}" in report
+    for name in ("acceptance-per-domain.png", "acceptance-per-position.png", "training-curves.png"):
+        assert (workspace / "reports" / name).read_bytes().startswith(PNG_SIGNATURE)
+
+    # Re-running a finished pipeline resumes to the same result without redoing any stage.
+    started = time.monotonic()
+    again = _pipeline(workspace, tmp_path / "again.json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    assert (
+        StageResult.parse_message((tmp_path / "again.json").read_text()).metrics["acceptance_length"]
+        == (best["acceptance_length"])
+    )
+    assert "starting vLLM" not in again.stderr
