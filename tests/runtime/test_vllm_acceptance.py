@@ -1,7 +1,7 @@
 """The test that matters: a draft trained here is accepted by real vLLM (CPU build).
 
 Tiny target trained on local text (eagle3_runtime/tiny_target.py, cached) -> on-policy answers
-from the target itself (greedy, as vLLM will decode; 96 prompts) -> hidden states of the chosen layers ->
+from the target itself (greedy, as vLLM will decode; 128 prompts) -> hidden states of the chosen layers ->
 `eagle3 train` (3 TTT steps) -> `eagle3 export` -> vLLM serving the target with the draft
 (`method: eagle3`, 3 speculative tokens, greedy) on held-out prompts. The mean acceptance
 length comes from vLLM's own /metrics counters. An untrained draft must score clearly lower.
@@ -29,9 +29,9 @@ from eagle3_runtime.target import OnlineHiddenStates, TargetHead, load_target_co
 from eagle3_runtime.tiny_target import CHAT_INSTRUCTIONS, ensure_tiny_target, stdlib_corpus
 from tests.support.vllm_server import running_vllm
 
-NUM_TRAIN_PROMPTS, NUM_EVAL_PROMPTS = 96, 16
+NUM_TRAIN_PROMPTS, NUM_EVAL_PROMPTS = 128, 16
 ANSWER_TOKENS, EVAL_TOKENS = 128, 128
-TRAIN_STEPS, BATCH_TOKENS = 60, 2048  # about 120k token positions (several epochs), 3 TTT steps each
+TRAIN_STEPS, BATCH_TOKENS = 120, 2048  # about 250k token positions (about 10 epochs), 3 TTT steps each
 
 
 def chat_prompts(count: int, seed: int, texts: list[str]) -> list[list[dict]]:
@@ -52,7 +52,7 @@ def on_policy_samples(target_dir, prompts, layer_ids):
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     states = OnlineHiddenStates(str(target_dir), layer_ids)
     stop = {tokenizer.eos_token_id, *model.generation_config.eos_token_id}
-    for first in range(0, len(prompts), 48):
+    for first in range(0, len(prompts), 32):
         rendered = [
             tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
             for p in prompts[first : first + 32]
