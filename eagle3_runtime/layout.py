@@ -75,7 +75,7 @@ class StageResult(BaseModel):
     ok: bool = True
     message: str = ""
     # Stage-specific numbers, e.g. {"samples": 512} or {"step": 900, "loss": 1.9}.
-    metrics: dict[str, float | int | str | list[float] | None] = Field(default_factory=dict)
+    metrics: dict[str, float | int | str | list[float | int | str] | None] = Field(default_factory=dict)
     # Files the stage produced, relative to the workspace root.
     artifacts: dict[str, str] = Field(default_factory=dict)
 
