@@ -35,7 +35,11 @@ class HiddenStateSample:
 
     def __post_init__(self) -> None:
         t = self.input_ids.shape[0]
-        if self.loss_mask.shape != (t,) or self.hidden_states.dim() != 3 or self.hidden_states.shape[:2] != (t, 4):
+        if (
+            self.loss_mask.shape != (t,)
+            or self.hidden_states.dim() != 3
+            or self.hidden_states.shape[:2] != (t, 4)
+        ):
             raise ValueError(
                 "hidden-state sample shapes disagree: input_ids "
                 f"{tuple(self.input_ids.shape)}, loss_mask {tuple(self.loss_mask.shape)}, "
@@ -76,8 +80,15 @@ class ShardWriter:
     extraction job restarts without rewriting or duplicating what it finished.
     """
 
-    def __init__(self, directory: str | Path, *, layer_ids: list[int], num_hidden_layers: int,
-                 hidden_size: int, samples_per_shard: int = 64):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        layer_ids: list[int],
+        num_hidden_layers: int,
+        hidden_size: int,
+        samples_per_shard: int = 64,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         existing = read_manifest(self.directory) if (self.directory / MANIFEST).exists() else None
@@ -97,7 +108,9 @@ class ShardWriter:
 
     def add(self, sample: HiddenStateSample) -> None:
         if sample.hidden_states.shape[2] != self.hidden_size:
-            raise ValueError(f"sample hidden size {sample.hidden_states.shape[2]} != manifest {self.hidden_size}")
+            raise ValueError(
+                f"sample hidden size {sample.hidden_states.shape[2]} != manifest {self.hidden_size}"
+            )
         self._pending.append(sample)
         if len(self._pending) >= self.samples_per_shard:
             self.flush()
@@ -116,7 +129,9 @@ class ShardWriter:
         tmp = self.directory / f".{name}.tmp"
         save_file(tensors, str(tmp))
         tmp.rename(self.directory / name)
-        self.shards.append({"file": name, "num_samples": len(self._pending), "num_tokens": int(lengths.sum())})
+        self.shards.append(
+            {"file": name, "num_samples": len(self._pending), "num_tokens": int(lengths.sum())}
+        )
         self._pending = []
         self._write_manifest()
 
@@ -126,19 +141,24 @@ class ShardWriter:
         return read_manifest(self.directory)
 
     def _write_manifest(self) -> None:
-        write_json_atomic(self.directory / MANIFEST, {
-            "format": FORMAT,
-            "layer_ids": self.layer_ids,
-            "num_hidden_layers": self.num_hidden_layers,
-            "hidden_size": self.hidden_size,
-            "shards": self.shards,
-        })
+        write_json_atomic(
+            self.directory / MANIFEST,
+            {
+                "format": FORMAT,
+                "layer_ids": self.layer_ids,
+                "num_hidden_layers": self.num_hidden_layers,
+                "hidden_size": self.hidden_size,
+                "shards": self.shards,
+            },
+        )
 
 
 def read_manifest(directory: str | Path) -> HiddenStateManifest:
     path = Path(directory) / MANIFEST
     if not path.exists():
-        raise FileNotFoundError(f"no hidden-state manifest at {path}: run `eagle3 extract --mode offline` first")
+        raise FileNotFoundError(
+            f"no hidden-state manifest at {path}: run `eagle3 extract --mode offline` first"
+        )
     raw = json.loads(path.read_text())
     if raw.get("format") != FORMAT:
         raise ValueError(f"{path}: format {raw.get('format')!r}, expected {FORMAT!r}")
@@ -162,7 +182,9 @@ def iter_shard_samples(directory: str | Path) -> Iterator[HiddenStateSample]:
             )
 
 
-def write_samples(directory: str | Path, samples: Iterable[HiddenStateSample], **manifest_fields) -> HiddenStateManifest:
+def write_samples(
+    directory: str | Path, samples: Iterable[HiddenStateSample], **manifest_fields
+) -> HiddenStateManifest:
     writer = ShardWriter(directory, **manifest_fields)
     for sample in samples:
         writer.add(sample)

@@ -35,7 +35,11 @@ class ProgressReporter:
         if not force and now - self._last_sent < self.min_interval_s:
             return
         self._last_sent = now
-        record = {"stage": self.stage, **fields, "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        record = {
+            "stage": self.stage,
+            **fields,
+            "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
         if self.path:
             write_json_atomic(self.path, record)
         if all(self._pod) and _SA_DIR.exists():
@@ -48,7 +52,9 @@ class ProgressReporter:
 
             config.load_incluster_config()
             namespace, name = self._pod
-            body = {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, separators=(",", ":"))}}}
+            body = {
+                "metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, separators=(",", ":"))}}
+            }
             client.CoreV1Api().patch_namespaced_pod(name, namespace, body)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not annotate pod with progress: %s", exc)
