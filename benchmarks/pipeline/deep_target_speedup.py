@@ -1,0 +1,143 @@
+"""Speculative-decoding speedup on a deeper target: vLLM's CPU build, concurrency 1 and 4.
+
+On the 4-layer tiny target the draft costs about as much as the target, so speculation is slower
+than none. This benchmark builds a deeper target (24 layers by default) from the same local text
+as the tiny one, runs the whole `tiny-cpu` pipeline against it (generate -> extract -> train ->
+evaluate -> select -> export), then measures the exported draft with `eagle3 evaluate` at each
+concurrency: mean acceptance length, per-position acceptance, and the speedup over the same
+server without speculation on the same prompts.
+
+    # 1. build the target (minutes on a GPU; hours on 2 CPU cores)
+    python benchmarks/pipeline/deep_target_speedup.py build --out DIR [--device cuda]
+    # 2. pipeline + speedup on this machine (vLLM CPU build)
+    python benchmarks/pipeline/deep_target_speedup.py run --target DIR --workspace out/deep
+
+`run` prints one JSON line and writes it to WORKSPACE/deep_target_speedup.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from eagle3_runtime import tiny_target
+
+DEEP_TARGET = tiny_target.TinyTargetSpec(
+    layers=24, hidden=256, heads=4, intermediate=688, steps=3000, batch_size=32, seq_len=512,
+    learning_rate=1e-3, corpus_megabytes=16.0,
+)  # fmt: skip
+
+
+def train_on_device(device: str):
+    """A replacement for tiny_target's 2-thread CPU loop: the same objective on `device`, bf16 autocast."""
+    import torch
+
+    def train(model, stream, spec: tiny_target.TinyTargetSpec) -> None:
+        model.to(device).train()
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=spec.learning_rate, weight_decay=0.01, betas=(0.9, 0.95),
+            fused=device == "cuda",
+        )  # fmt: skip
+        warmup = max(1, spec.steps // 20)
+
+        def lr_factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, spec.steps - warmup)))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        generator = torch.Generator().manual_seed(spec.seed)
+        tokens = stream.to(device)
+        for step in range(spec.steps):
+            starts = torch.randint(0, len(stream) - spec.seq_len - 1, (spec.batch_size,), generator=generator)
+            batch = torch.stack([tokens[s : s + spec.seq_len] for s in starts.tolist()])
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % 250 == 0 or step == spec.steps - 1:
+                print(f"target step {step + 1}/{spec.steps} loss {loss.item():.3f}", flush=True)
+        model.to("cpu").eval()
+
+    return train
+
+
+def build(args: argparse.Namespace) -> None:
+    spec = dataclasses.replace(DEEP_TARGET, layers=args.layers, steps=args.steps)
+    # tiny_target's own source is the cache key of the tests' target, so it stays CPU-only; its
+    # build steps (tokenizer, documents, config, saving) are reused with this loop swapped in.
+    tiny_target._train = train_on_device(args.device)
+    tiny_target.build_tiny_target(spec, args.out)
+    built = json.loads((args.out / "tiny_target.json").read_text())
+    built.update(device=args.device, python=platform.python_version(), corpus="this Python's stdlib")
+    (args.out / "tiny_target.json").write_text(json.dumps(built, indent=2))
+    print(json.dumps(built))
+
+
+def run(args: argparse.Namespace) -> None:
+    # Imported here: `build` runs on GPU machines that have only torch and transformers.
+    from eagle3_runtime.pipeline.presets import tiny_cpu
+    from eagle3_runtime.pipeline.runner import PipelineRunner, run_stage
+
+    workspace = args.workspace
+    workspace.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(tiny_cpu(workspace), target=str(args.target.resolve()))
+    started = time.monotonic()
+    pipeline = PipelineRunner(config, workspace).run()
+    if not pipeline.ok:
+        sys.exit(f"pipeline failed: {pipeline.message}")
+    results = {}
+    for concurrency in args.concurrency:
+        local = dataclasses.replace(
+            config.local, eval_concurrency=concurrency, eval_prompts_per_domain=args.prompts_per_domain,
+            eval_max_tokens=args.max_tokens,
+        )  # fmt: skip
+        runner = PipelineRunner(dataclasses.replace(config, local=local), workspace)
+        # evaluate caches its result per draft directory name: one copy of the export per concurrency.
+        draft = workspace / f"export-c{concurrency}"
+        if not draft.exists():
+            shutil.copytree(runner.workspace.export_dir, draft)
+        argv = runner._evaluate_argv(str(draft))
+        measured = run_stage("evaluate", argv, workspace / "results" / f"speedup-c{concurrency}")
+        results[str(concurrency)] = measured.metrics
+    summary = {
+        "target": json.loads((args.target / "tiny_target.json").read_text()),
+        "pipeline": pipeline.metrics,
+        "by_concurrency": results,
+        "seconds": round(time.monotonic() - started, 1),
+        "machine": platform.node(),
+    }
+    (workspace / "deep_target_speedup.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser("build", help="build the deeper target")
+    build_parser.add_argument("--out", type=Path, required=True)
+    build_parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    build_parser.add_argument("--layers", type=int, default=DEEP_TARGET.layers)
+    build_parser.add_argument("--steps", type=int, default=DEEP_TARGET.steps)
+    run_parser = commands.add_parser("run", help="pipeline and speedup on vLLM's CPU build")
+    run_parser.add_argument("--target", type=Path, required=True)
+    run_parser.add_argument("--workspace", type=Path, required=True)
+    run_parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    run_parser.add_argument("--prompts-per-domain", type=int, default=8)
+    run_parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    build(args) if args.command == "build" else run(args)
+
+
+if __name__ == "__main__":
+    main()
