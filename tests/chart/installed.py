@@ -31,11 +31,6 @@ from tests.support.cluster import LocalCluster, wait_until
 
 RUNTIME_ACCOUNT = "eagle3-runtime"
 DATA_CLAIM = "prompts"
-MONITORING_KINDS = {
-    "ServiceMonitor": "servicemonitors",
-    "PodMonitor": "podmonitors",
-    "PrometheusRule": "prometheusrules",
-}
 
 
 class AsServiceAccount:
@@ -75,45 +70,6 @@ class AsServiceAccount:
     def annotate_pod(self, namespace: str, pod: str, key: str, value: str) -> None:
         result = self.kubectl("annotate", "--overwrite", "-n", namespace, f"pod/{pod}", f"{key}={value}")
         assert result.returncode == 0, f"annotating pod {pod} as {self.kubeconfig.stem}: {result.stderr}"
-
-
-def stand_in_crd(kind: str, plural: str) -> dict[str, Any]:
-    """A schema-less stand-in for a Prometheus Operator CRD (the real ones cannot be downloaded here)."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                }
-            ],  # fmt: skip
-        },
-    }
-
-
-@contextmanager
-def prometheus_operator_crds(cluster: LocalCluster) -> Iterator[None]:
-    """ServiceMonitor, PodMonitor and PrometheusRule served while inside (other suites expect none)."""
-    for kind, plural in MONITORING_KINDS.items():
-        cluster.apply(stand_in_crd(kind, plural))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com", "--timeout=60s"
-        )
-    try:
-        yield
-    finally:
-        for plural in MONITORING_KINDS.values():
-            cluster.kubectl("delete", "crd", f"{plural}.monitoring.coreos.com", "--wait=true", timeout=120)
 
 
 @dataclass

@@ -17,9 +17,10 @@ from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
 from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
 from tests.chart.images import command_problem
-from tests.chart.installed import installed, prometheus_operator_crds, run_training, serving_manifest
+from tests.chart.installed import installed, run_training, serving_manifest
 from tests.operator.harness import condition, get, spec_decode_path
 from tests.support.cluster import wait_until
+from tests.support.prometheus_operator import prometheus_operator_crds
 
 REFUSED = re.compile(r"\b403\b|[Ff]orbidden")
 

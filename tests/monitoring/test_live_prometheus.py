@@ -20,10 +20,11 @@ import pytest
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.chart.helm import rendered_rule_groups
-from tests.chart.installed import installed, prometheus_operator_crds, run_training, serving_manifest
+from tests.chart.installed import installed, run_training, serving_manifest
 from tests.monitoring.constant_draft import build_constant_draft, most_frequent_output_token
 from tests.monitoring.prometheus import Prometheus, dashboard_queries, variable_queries
 from tests.support.cluster import wait_until
+from tests.support.prometheus_operator import prometheus_operator_crds
 from tests.support.vllm_server import running_vllm
 
 WINDOW = "20s"

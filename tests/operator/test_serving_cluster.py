@@ -16,33 +16,7 @@ from tests.operator.harness import (
     training_body,
 )
 from tests.support.cluster import wait_until
-
-# A minimal ServiceMonitor CRD: enough for the operator to see that the Prometheus Operator's API exists.
-SERVICE_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "ServiceMonitor",
-            "plural": "servicemonitors",
-            "singular": "servicemonitor",
-            "listKind": "ServiceMonitorList",
-        },  # fmt: skip
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],  # fmt: skip
-    },
-}
+from tests.support.prometheus_operator import prometheus_operator_crds
 
 
 def _body(ns: str, **spec) -> dict:
@@ -68,8 +42,11 @@ def _speculative_config(deployment) -> dict | None:
 
 def test_serving_deployment_scale_and_service_monitor(crds, namespace, start_operator):
     cluster, ns = crds, namespace
-    cluster.apply(SERVICE_MONITOR_CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com")
+    with prometheus_operator_crds(cluster, kinds=["ServiceMonitor"]):
+        _check_serving(cluster, ns, start_operator)
+
+
+def _check_serving(cluster, ns, start_operator) -> None:
     bind_volume(cluster, ns, "drafts", create_claim=True)
     operator = start_operator(ns)
     cluster.request("POST", spec_decode_path(ns), _body(ns, numSpeculativeTokens=4))
