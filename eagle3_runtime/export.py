@@ -2,9 +2,10 @@
 
 Plain (`--speculative-config '{"method": "eagle3", "model": DIR, ...}'`): config.json with
 `architectures: [LlamaForCausalLMEagle3]` and the eagle3 fields, weights `fc`, `midlayer.*`,
+(`layers.1.*`.. when `num_hidden_layers` > 1; vLLM reads `midlayer.` as `layers.0.`),
 `norm`, `lm_head`, `d2t`, `t2d`. Speculators: `speculators_model_type: eagle3`, the layer
 config under `transformer_layer_config`, the verifier under `speculators_config`, weights
-`layers.0.*`. Both omit `d2t`/`t2d` when the draft vocabulary is the target's (vLLM refuses
+`layers.0.*`, `layers.1.*`... Both omit `d2t`/`t2d` when the draft vocabulary is the target's (vLLM refuses
 them then) and never carry the embeddings (vLLM shares the target's).
 """
 

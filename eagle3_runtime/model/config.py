@@ -8,6 +8,7 @@ from transformers import LlamaConfig
 
 DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
 NUM_AUX_LAYERS = 3
+MAX_DRAFT_LAYERS = 4
 
 
 def text_config(config: Any) -> Any:
@@ -51,10 +52,12 @@ def resolve_layer_ids(spec: str | list[int], num_hidden_layers: int) -> list[int
 
 
 def draft_config_from_target(
-    target_config: Any, *, layer_ids: list[int], draft_vocab_size: int
+    target_config: Any, *, layer_ids: list[int], draft_vocab_size: int, num_layers: int = 1
 ) -> LlamaConfig:
-    """One Llama decoder layer as wide as the target (the draft shares the target's embeddings)."""
+    """`num_layers` Llama decoder layers as wide as the target (the draft shares its embeddings)."""
     target = text_config(target_config)
+    if not 1 <= num_layers <= MAX_DRAFT_LAYERS:
+        raise ValueError(f"a draft has 1 to {MAX_DRAFT_LAYERS} decoder layers, got {num_layers}")
     if draft_vocab_size > target.vocab_size:
         raise ValueError(
             f"draft vocabulary {draft_vocab_size} is larger than the target's {target.vocab_size}"
@@ -74,7 +77,7 @@ def draft_config_from_target(
         num_attention_heads=target.num_attention_heads,
         num_key_value_heads=getattr(target, "num_key_value_heads", target.num_attention_heads),
         head_dim=head_dim,
-        num_hidden_layers=1,
+        num_hidden_layers=num_layers,
         rms_norm_eps=target.rms_norm_eps,
         max_position_embeddings=target.max_position_embeddings,
         rope_parameters=dict(rope),
@@ -98,7 +101,6 @@ def draft_config_dict(config: LlamaConfig, *, dtype: str = "bfloat16") -> dict[s
     data = config.to_dict()
     data["architectures"] = [DRAFT_ARCHITECTURE]
     data["model_type"] = "llama"
-    data["num_hidden_layers"] = 1
     data["dtype"] = dtype
     data["torch_dtype"] = dtype
     return data

@@ -1,7 +1,11 @@
 """The EAGLE-3 draft head, module for module as vLLM's `llama_eagle3.py` runs it.
 
 Parameter names are those of the plain vLLM checkpoint (`fc`, `midlayer.*`, `norm`,
-`lm_head`), so a state dict minus `embed_tokens` is the exported weight file.
+`lm_head`), so a state dict minus `embed_tokens` is the exported weight file. A draft of
+more than one decoder layer (`num_hidden_layers` > 1) adds `layers.1.*`, `layers.2.*`...:
+vLLM reads `midlayer.` as `layers.0.`, and builds layer 0 with q/k/v over the 2H input
+cat(input_layernorm(embed), hidden_norm(hidden)) and every later layer as a plain Llama
+decoder layer over the H-wide residual stream (no embeddings, no hidden_norm).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, input_size: int):
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -35,10 +39,9 @@ class Attention(nn.Module):
             config.num_key_value_heads,
             d,
         )
-        # Inputs are cat(input_layernorm(embed), hidden_norm(hidden)): 2H wide.
-        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * d, bias=False)
+        self.q_proj = nn.Linear(input_size, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(input_size, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(input_size, self.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -61,27 +64,42 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class MidLayer(nn.Module):
-    """The single decoder layer; returns the pre-norm output that the next step reads."""
+class DecoderLayer(nn.Module):
+    """Decoder layers 1..: a plain pre-norm Llama layer over the residual stream that the layer
+    before returns (vLLM's fused add + input_layernorm computes the same)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, attention_input_size: int | None = None):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
-        self.hidden_norm = RMSNorm(config.hidden_size, eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, attention_input_size or config.hidden_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = MLP(config)
 
-    def attention_inputs(self, embeds, hidden, cos, sin):
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        return self.self_attn.project(x, cos, sin)
+    def attention_inputs(self, hidden, cos, sin):
+        return self.self_attn.project(self.input_layernorm(hidden), cos, sin)
 
     def finish(self, attention_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """o_proj, fused add + norm, MLP, add: the pre-norm output."""
         b, _, t, _ = attention_out.shape
         hidden = self.self_attn.o_proj(attention_out.transpose(1, 2).reshape(b, t, -1)) + residual
         return self.mlp(self.post_attention_layernorm(hidden)) + hidden
+
+    def forward(self, hidden, cos, sin, attend: TTTAttention) -> torch.Tensor:
+        q, k, v = self.attention_inputs(hidden, cos, sin)
+        return self.finish(attend(q, k, v), hidden)
+
+
+class MidLayer(DecoderLayer):
+    """Decoder layer 0: attends over cat(input_layernorm(embed), hidden_norm(hidden)), 2H wide."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__(config, attention_input_size=2 * config.hidden_size)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def attention_inputs(self, embeds, hidden, cos, sin):
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        return self.self_attn.project(x, cos, sin)
 
     def forward(self, embeds, hidden, cos, sin, attend: TTTAttention) -> torch.Tensor:
         # vLLM's default: the residual is the hidden input *before* hidden_norm.
@@ -99,6 +117,10 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
         self.fc = nn.Linear(NUM_AUX_LAYERS * target_h, h, bias=False)
         self.midlayer = MidLayer(config)
+        # Keys "1", "2".. give the checkpoint names layers.1.*, layers.2.* that vLLM loads.
+        self.layers = nn.ModuleDict(
+            {str(i): DecoderLayer(config) for i in range(1, config.num_hidden_layers)}
+        )
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config)
@@ -115,12 +137,22 @@ class Eagle3Draft(nn.Module):
         """[.., 3*H_target] -> [.., H]: the step-0 hidden input."""
         return self.fc(aux_hidden_states)
 
-    def step(self, input_ids, hidden, positions, attend: TTTAttention) -> torch.Tensor:
-        """One speculative step over every slot: returns the pre-norm hidden output."""
+    @property
+    def num_layers(self) -> int:
+        return 1 + len(self.layers)
+
+    def step(self, input_ids, hidden, positions, attend: list[TTTAttention]) -> torch.Tensor:
+        """One speculative step over every slot: returns the pre-norm hidden output.
+
+        `attend` holds one TTTAttention per decoder layer (each layer has its own KV cache in vLLM).
+        """
         with torch.no_grad():
             embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = self.rotary_emb(hidden, positions)
-        return self.midlayer(embeds, hidden, cos, sin, attend)
+        hidden = self.midlayer(embeds, hidden, cos, sin, attend[0])
+        for layer, layer_attend in zip(self.layers.values(), attend[1:], strict=True):
+            hidden = layer(hidden, cos, sin, layer_attend)
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
@@ -136,9 +168,9 @@ def compile_draft(model: Eagle3Draft) -> None:
     """torch.compile the dense parts around the attention (fuses norms, rotary, SiLU, casts)."""
     # FlexAttention compiles once per TTT step (the key length grows with the step).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-    layer = model.midlayer
-    layer.attention_inputs = torch.compile(layer.attention_inputs)
-    layer.finish = torch.compile(layer.finish)
+    for layer in [model.midlayer, *model.layers.values()]:
+        layer.attention_inputs = torch.compile(layer.attention_inputs)
+        layer.finish = torch.compile(layer.finish)
     model.logits = torch.compile(model.logits)
 
 

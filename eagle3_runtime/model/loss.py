@@ -123,7 +123,7 @@ def ttt_loss(
         masks = step_masks(batch, in_draft, steps)
         global_counts = reduce_counts(torch.stack([m.sum() for m in masks]).to(torch.float32))
 
-    attend = TTTAttention(batch.document_ids, backend=attention_backend)
+    attend = [TTTAttention(batch.document_ids, backend=attention_backend) for _ in range(draft.num_layers)]
     hidden = draft.combine_hidden_states(batch.aux_hidden_states)
     loss = hidden.new_zeros((), dtype=torch.float32)
     stats = {name: [] for name in ("kl_sum", "count", "correct", "conditional_correct", "conditional_count")}

@@ -49,7 +49,7 @@ def init_distributed(device: str | None = None) -> DistributedContext:
 
 
 def shard_model(model: torch.nn.Module, context: DistributedContext) -> torch.nn.Module:
-    """FSDP2: the draft is one unit (its single layer dominates); bf16 compute on GPU."""
+    """FSDP2: the draft is one unit (a few layers at most); bf16 compute on GPU."""
     if not context.enabled:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -29,9 +29,9 @@ def tiny_target_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
-def tiny_draft(draft_vocab_size=20, seed=0) -> Eagle3Draft:
+def tiny_draft(draft_vocab_size=20, seed=0, num_layers=1) -> Eagle3Draft:
     config = draft_config_from_target(
-        tiny_target_config(), layer_ids="auto", draft_vocab_size=draft_vocab_size
+        tiny_target_config(), layer_ids="auto", draft_vocab_size=draft_vocab_size, num_layers=num_layers
     )
     draft = Eagle3Draft(config)
     init_weights(draft, seed)
@@ -159,9 +159,11 @@ def test_flex_and_eager_agree_on_random_inputs():
         torch.testing.assert_close(flex(q, k, v), eager(q, k, v), atol=1e-4, rtol=1e-4)
 
 
-def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache(num_layers):
     """TTT at slot t == the draft run as vLLM runs it: a prefill over slots 0..t fed by the
-    target, then one token per step at positions t+1, t+2 attending to the cache."""
+    target, then one token per step at positions t+1, t+2 attending to the cache (one cache
+    per decoder layer)."""
 
     class KVCacheAttention:
         def __init__(self):
@@ -176,13 +178,13 @@ def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache():
             return F.scaled_dot_product_attention(q, kk, vv, is_causal=first)
 
     torch.manual_seed(1)
-    draft = tiny_draft()
+    draft = tiny_draft(num_layers=num_layers)
     t_len, steps = 12, 3
     ids = torch.randint(0, 50, (1, t_len))
     aux = torch.randn(1, t_len, 96)
     docs, positions = torch.zeros(1, t_len, dtype=torch.long), torch.arange(t_len)[None]
 
-    attend = TTTAttention(docs)
+    attend = [TTTAttention(docs) for _ in range(num_layers)]
     hidden = draft.combine_hidden_states(aux)
     ttt_outputs = []
     for i in range(steps):
@@ -191,7 +193,7 @@ def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache():
         ttt_outputs.append(hidden)
 
     for slot in [0, 4, 7]:
-        cache = KVCacheAttention()
+        cache = [KVCacheAttention() for _ in range(num_layers)]
         h = draft.step(
             ids[:, 1 : slot + 2],
             draft.combine_hidden_states(aux[:, : slot + 1]),
