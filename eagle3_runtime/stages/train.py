@@ -7,8 +7,10 @@ from; see `sample_source`. Under torchrun every rank runs this same command.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -16,11 +18,12 @@ from safetensors import safe_open
 
 from eagle3_runtime.hidden_states import iter_shard_samples, read_manifest
 from eagle3_runtime.layout import StageResult, Workspace
-from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
+from eagle3_runtime.model.config import MAX_DRAFT_LAYERS, draft_config_from_target, resolve_layer_ids
 from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead, load_target_config, load_target_embeddings
-from eagle3_runtime.train.checkpoint import complete_checkpoints, read_checkpoint
+from eagle3_runtime.train.checkpoint import MANIFEST, complete_checkpoints
+from eagle3_runtime.train.data import rows_per_epoch, steps_for_epochs
 from eagle3_runtime.train.distributed import init_distributed
 from eagle3_runtime.train.trainer import DraftTrainer, TrainSettings
 
@@ -34,7 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", help="vLLM extraction server URL (streaming mode)")
     parser.add_argument("--layer-ids", default="auto", help="auto or three target layer ids, e.g. 2,16,29")
     parser.add_argument("--draft-vocab-size", type=int, default=32000)
-    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument(
+        "--draft-layers", type=int, default=1, help=f"decoder layers of the draft (1..{MAX_DRAFT_LAYERS})"
+    )
+    parser.add_argument(
+        "--init-checkpoint",
+        default=None,
+        help="warm start from this EAGLE-3 draft (directory or Hugging Face id); default: from scratch",
+    )
+    length = parser.add_mutually_exclusive_group(required=True)
+    length.add_argument("--steps", type=int, help="optimizer steps")
+    length.add_argument(
+        "--epochs", type=int, help="passes over the dataset; the step count is derived from its size"
+    )
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument(
         "--batch-tokens", type=int, default=16384, help="tokens per optimizer step, all ranks"
@@ -94,43 +109,96 @@ def _layer_ids(args, workspace: Workspace, num_hidden_layers: int) -> list[int]:
 
 
 def _result(
-    workspace: Workspace, step: int, total: int, summary: dict, checkpoints: list[int]
+    workspace: Workspace, step: int, settings: dict, summary: dict, checkpoints: list[int]
 ) -> StageResult:
+    total, epochs = settings["steps"], settings.get("epochs")
+    metrics = {"step": step, "total_steps": total}
+    if epochs is not None:
+        metrics["epochs"] = epochs
+    metrics.update(
+        loss=summary.get("loss"),
+        accuracy_per_position=summary.get("accuracy_per_position", []),
+        simulated_acceptance_length=summary.get("simulated_acceptance_length"),
+        checkpoints=[str(s) for s in checkpoints],
+        initialized_from=settings.get("init_checkpoint") or "scratch",
+    )
     return StageResult(
         stage="train",
-        message=f"trained {step}/{total} steps",
-        metrics={
-            "step": step,
-            "total_steps": total,
-            "loss": summary.get("loss"),
-            "accuracy_per_position": summary.get("accuracy_per_position", []),
-            "simulated_acceptance_length": summary.get("simulated_acceptance_length"),
-            "checkpoints": [str(s) for s in checkpoints],
-        },
+        message=f"trained {step}/{total} steps" + (f" ({epochs} epochs)" if epochs is not None else ""),
+        metrics=metrics,
         artifacts={"checkpoint": str(workspace.checkpoint_dir(step).relative_to(workspace.root))},
     )
 
 
+def finished_training(workspace: Workspace, steps: int | None, epochs: int | None) -> dict | None:
+    """The last checkpoint's manifest when it completes this training, else None.
+
+    Asked in epochs, the total is the one derived when the training started (its manifest's
+    settings), so a finished run is recognised without reading the dataset again.
+    """
+    done = complete_checkpoints(workspace)
+    if not done:
+        return None
+    manifest = json.loads((workspace.checkpoint_dir(done[-1]) / MANIFEST).read_text())
+    settings = manifest.get("settings", {})
+    total = (
+        steps if steps is not None else (settings.get("steps") if settings.get("epochs") == epochs else None)
+    )
+    if total is None or done[-1] < total:
+        return None
+    return {**manifest, "settings": {**settings, "steps": total, "epochs": epochs}, "checkpoints": done}
+
+
+def _total_steps(args, lengths: list[int], rows_per_step: int, seq_len: int) -> int:
+    if args.steps is not None:
+        return args.steps
+    if args.epochs <= 0:
+        raise ValueError(f"--epochs must be positive, got {args.epochs}")
+    rows = rows_per_epoch(lengths, seq_len)
+    total = steps_for_epochs(args.epochs, rows, rows_per_step)
+    log.info(
+        "%d epochs of %d samples (%d tokens, %d rows of %d) at %d rows per step: %d steps",
+        args.epochs, len(lengths), sum(lengths), rows, seq_len, rows_per_step, total,
+    )  # fmt: skip
+    return total
+
+
 def run(args: argparse.Namespace) -> StageResult:
     workspace = Workspace(args.workspace)
-    done = complete_checkpoints(workspace)
-    if done and done[-1] >= args.steps:
-        manifest, _ = read_checkpoint(workspace, done[-1])
-        return _result(workspace, done[-1], args.steps, manifest.get("metrics", {}), done)
+    finished = finished_training(workspace, args.steps, args.epochs)
+    if finished is not None:
+        step = finished["step"]
+        return _result(
+            workspace, step, finished["settings"], finished.get("metrics", {}), finished["checkpoints"]
+        )
 
     context = init_distributed()
     target_config = load_target_config(args.target)
     layer_ids = _layer_ids(args, workspace, target_config.num_hidden_layers)
     draft_config = draft_config_from_target(
-        target_config, layer_ids=layer_ids, draft_vocab_size=args.draft_vocab_size
+        target_config,
+        layer_ids=layer_ids,
+        draft_vocab_size=args.draft_vocab_size,
+        num_layers=args.draft_layers,
     )
     token_records, source = sample_source(args, workspace, layer_ids, context.device)
-    vocab = build_draft_vocab(count_tokens(token_records(), target_config.vocab_size), args.draft_vocab_size)
+    lengths: list[int] = []
+
+    def measured(records):
+        for input_ids, loss_mask in records:
+            lengths.append(int(input_ids.shape[0]))
+            yield input_ids, loss_mask
+
+    counts = count_tokens(measured(token_records()), target_config.vocab_size)
+    vocab = build_draft_vocab(counts, args.draft_vocab_size)
+    seq_len = min(args.seq_len, args.batch_tokens)
     settings = TrainSettings(
-        steps=args.steps,
+        steps=_total_steps(args, lengths, max(1, args.batch_tokens // seq_len), seq_len),
+        epochs=args.epochs,
+        init_checkpoint=args.init_checkpoint,
         learning_rate=args.learning_rate,
         batch_tokens=args.batch_tokens,
-        seq_len=min(args.seq_len, args.batch_tokens),
+        seq_len=seq_len,
         ttt_steps=args.ttt_steps,
         loss_decay=args.loss_decay,
         checkpoint_every=args.checkpoint_every,
@@ -151,4 +219,4 @@ def run(args: argparse.Namespace) -> StageResult:
         target_name=args.target,
     )
     summary = trainer.train()
-    return _result(workspace, trainer.step, args.steps, summary, trainer.checkpoints)
+    return _result(workspace, trainer.step, asdict(settings), summary, trainer.checkpoints)

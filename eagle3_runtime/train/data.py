@@ -8,8 +8,10 @@ per token keeps attention and the TTT shifts inside each document.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -17,6 +19,7 @@ from eagle3_runtime.hidden_states import HiddenStateSample
 
 SampleSource = Callable[[], Iterable[HiddenStateSample]]  # a fresh pass over the dataset per call
 PADDING_DOCUMENT = -1
+T = TypeVar("T")
 
 
 @dataclass
@@ -43,23 +46,46 @@ def check_sample(sample: HiddenStateSample, hidden_size: int, vocab_size: int) -
         )
 
 
+def packed_groups(items: Iterable[T], length_of: Callable[[T], int], seq_len: int) -> Iterator[list[T]]:
+    """Items in order, grouped into rows of at most `seq_len` tokens (an item counts at most
+    `seq_len`; items under two tokens are dropped: nothing to predict)."""
+    pending: list[T] = []
+    used = 0
+    for item in items:
+        length = min(length_of(item), seq_len)
+        if length < 2:
+            continue
+        if used + length > seq_len:
+            yield pending
+            pending, used = [], 0
+        pending.append(item)
+        used += length
+    if pending:
+        yield pending
+
+
 def pack_rows(
     samples: Iterable[HiddenStateSample], seq_len: int, *, hidden_size: int, vocab_size: int
 ) -> Iterator[PackedRow]:
-    pending: list[HiddenStateSample] = []
-    used = 0
-    for sample in samples:
-        check_sample(sample, hidden_size, vocab_size)
-        length = min(sample.input_ids.shape[0], seq_len)
-        if length < 2:
-            continue  # nothing to predict
-        if used + length > seq_len:
-            yield _build_row(pending, seq_len)
-            pending, used = [], 0
-        pending.append(sample)
-        used += length
-    if pending:
-        yield _build_row(pending, seq_len)
+    def checked() -> Iterator[HiddenStateSample]:
+        for sample in samples:
+            check_sample(sample, hidden_size, vocab_size)
+            yield sample
+
+    for group in packed_groups(checked(), lambda s: s.input_ids.shape[0], seq_len):
+        yield _build_row(group, seq_len)
+
+
+def rows_per_epoch(lengths: Iterable[int], seq_len: int) -> int:
+    """Packed rows in one pass over samples of these token lengths (what RowStream yields)."""
+    return sum(1 for _ in packed_groups(lengths, int, seq_len))
+
+
+def steps_for_epochs(epochs: int, rows_in_epoch: int, rows_per_step: int) -> int:
+    """Optimizer steps that show every row `epochs` times (the last step may start the next pass)."""
+    if rows_in_epoch <= 0:
+        raise ValueError("the dataset is empty: no sample with at least two tokens")
+    return max(1, math.ceil(epochs * rows_in_epoch / rows_per_step))
 
 
 def _build_row(samples: list[HiddenStateSample], seq_len: int) -> PackedRow:

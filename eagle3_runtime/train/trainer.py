@@ -29,6 +29,7 @@ from eagle3_runtime.target import TargetHead
 from eagle3_runtime.train.checkpoint import complete_checkpoints, read_checkpoint, write_checkpoint
 from eagle3_runtime.train.data import RowStream, SampleSource, stack_rows
 from eagle3_runtime.train.distributed import DistributedContext, shard_model
+from eagle3_runtime.train.initialization import warm_start
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "train-metrics.jsonl"
@@ -50,6 +51,8 @@ class TrainSettings:
     attention: str = "auto"  # eager | flex | auto (flex on GPU)
     compile: bool | None = None  # torch.compile the dense parts; default: on GPU
     freeze_lm_head: bool = False  # speculators' recipe: lm_head stays the target's rows
+    init_checkpoint: str | None = None  # warm start from this draft (train/initialization.py)
+    epochs: int | None = None  # what `steps` was derived from, when given in epochs (recorded only)
 
     @property
     def rows_per_step(self) -> int:
@@ -105,6 +108,7 @@ class DraftTrainer:
             else ("flex" if device.type == "cuda" else "eager")
         )
 
+        self.checkpoints: list[int] = complete_checkpoints(workspace) if workspace is not None else []
         torch.manual_seed(settings.seed)
         draft = Eagle3Draft(draft_config)
         init_weights(draft, settings.seed)
@@ -114,6 +118,10 @@ class DraftTrainer:
             draft.t2d.copy_(vocab.t2d)
             # The target's own output rows for the draft vocabulary are a much better start than noise.
             draft.lm_head.weight.copy_(target_head.lm_head_weight[vocab.used_ids].float())
+        self.initialization: dict[str, Any] = {"initialized_from": "scratch"}
+        if settings.init_checkpoint and not self.checkpoints:  # a resumed run has its own weights
+            self.initialization = warm_start(draft, settings.init_checkpoint, vocab)
+            log.info("warm start: %s", self.initialization)
         draft.lm_head.weight.requires_grad_(not settings.freeze_lm_head)
         self.kl = soft_kl
         if settings.compile if settings.compile is not None else device.type == "cuda":
@@ -138,12 +146,9 @@ class DraftTrainer:
             vocab_size=draft_config.vocab_size,
         )
         self.step = 0
-        self.checkpoints: list[int] = []
         self.last_summary: dict[str, Any] = {}
-        if workspace is not None:
-            self.checkpoints = complete_checkpoints(workspace)
-            if self.checkpoints:
-                self._resume(self.checkpoints[-1])
+        if self.checkpoints:
+            self._resume(self.checkpoints[-1])
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -271,6 +276,7 @@ class DraftTrainer:
                 "metrics": {k: v for k, v in self.last_summary.items() if k != "step"},
                 "settings": asdict(self.settings),
                 "target": self.target_name,
+                "initialization": self.initialization,
             }
             model_state = {k: v for k, v in model_state.items() if not k.startswith("embed_tokens.")}
             write_checkpoint(

@@ -141,3 +141,73 @@ def test_train_stage_bad_input(tmp_path, target_dir):
     assert "missing" in _failure(missing, target_dir)
 
     assert "larger than the target" in _failure(other_layers, target_dir, "--draft-vocab-size", "65")
+
+
+def _epoch_args(workspace, target_dir, epochs, *extra):
+    args = train_args(workspace, target_dir, *extra)
+    at = args.index("--steps")
+    return [*args[:at], "--epochs", str(epochs), *args[at + 2 :]]
+
+
+def test_epochs_derive_the_step_total_from_the_data(tmp_path, target_dir):
+    workspace = Workspace(tmp_path / "ws")
+    _write_states(target_dir, workspace, count=12)
+    # 12 samples of 40 tokens, three to a 128-token row: 4 rows per epoch; 128 batch tokens = 1 row
+    # per step, so 2 epochs = 8 steps.
+    assert eagle3(_epoch_args(workspace, target_dir, 2)) == 0
+    result = json.loads((workspace.root / "result.json").read_text())
+    assert (result["metrics"]["step"], result["metrics"]["total_steps"], result["metrics"]["epochs"]) == (
+        8,
+        8,
+        2,
+    )
+    assert result["message"] == "trained 8/8 steps (2 epochs)"
+    progress = json.loads((workspace.root / "progress" / "train.json").read_text())
+    assert (progress["step"], progress["totalSteps"]) == (8, 8)
+    state = torch.load(workspace.checkpoint_dir(8) / "training_state.pt", weights_only=False)
+    assert state["rows_consumed"] == 8 and state["settings"]["epochs"] == 2
+    # the same request again is a no-op; one more epoch continues from step 8 to 12
+    assert eagle3(_epoch_args(workspace, target_dir, 2)) == 0
+    assert json.loads((workspace.root / "result.json").read_text())["metrics"]["total_steps"] == 8
+    assert eagle3(_epoch_args(workspace, target_dir, 3)) == 0
+    result = json.loads((workspace.root / "result.json").read_text())
+    assert (result["metrics"]["step"], result["metrics"]["total_steps"]) == (12, 12)
+    lines = (workspace.reports_dir / "train-metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 13))
+
+
+def test_steps_and_epochs_together_are_refused(tmp_path, target_dir):
+    workspace = Workspace(tmp_path / "ws")
+    with pytest.raises(SystemExit):
+        eagle3(train_args(workspace, target_dir, "--epochs", "2"))
+
+
+def test_warm_start_continues_from_the_checkpoints_loss(tmp_path, target_dir):
+    first = Workspace(tmp_path / "first")
+    _write_states(target_dir, first)
+    assert eagle3(train_args(first, target_dir, "--learning-rate", "3e-3")) == 0
+    trained_loss = json.loads((first.root / "result.json").read_text())["metrics"]["loss"]
+    scratch_loss = json.loads((first.reports_dir / "train-metrics.jsonl").read_text().splitlines()[0])["loss"]
+
+    warm = Workspace(tmp_path / "warm")
+    _write_states(target_dir, warm)
+    init = str(first.checkpoint_dir(4))
+    assert eagle3(train_args(warm, target_dir, "--init-checkpoint", init, "--learning-rate", "1e-9")) == 0
+    result = json.loads((warm.root / "result.json").read_text())
+    assert result["metrics"]["initialized_from"] == init
+    first_warm_loss = json.loads((warm.reports_dir / "train-metrics.jsonl").read_text().splitlines()[0])[
+        "loss"
+    ]
+    # Same data, no learning: the warm start's first loss is where the first run ended, far below scratch.
+    assert first_warm_loss == pytest.approx(trained_loss, rel=0.1) and first_warm_loss < 0.8 * scratch_loss
+    manifest = json.loads((warm.checkpoint_dir(4) / "manifest.json").read_text())
+    assert manifest["initialization"] == {
+        "initialized_from": init,
+        "lm_head_rows_from_checkpoint": 48,
+        "lm_head_rows_from_target": 0,
+    }
+
+    two_layers = Workspace(tmp_path / "two")
+    _write_states(target_dir, two_layers, count=4)
+    message = _failure(two_layers, target_dir, "--init-checkpoint", init, "--draft-layers", "2")
+    assert "has 1 decoder layer(s), the draft being trained has 2" in message
