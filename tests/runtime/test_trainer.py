@@ -150,3 +150,22 @@ if __name__ == "__main__":  # one rank of the gloo test, started under torchrun'
     torch.set_num_threads(1)
     make_trainer(sys.argv[1], steps=8).train()
     torch.distributed.destroy_process_group()
+
+
+def test_epoch_length_is_the_rows_one_pass_packs():
+    """rows_per_epoch (token lengths only) == the rows pack_rows builds from the samples themselves."""
+    from eagle3_runtime.hidden_states import HiddenStateSample
+    from eagle3_runtime.train.data import pack_rows, rows_per_epoch, steps_for_epochs
+
+    lengths = [1, 40, 300, 90, 2, 128, 60, 61, 7, 129, 0, 33]  # too short, too long, exact fits
+    samples = [
+        HiddenStateSample(
+            torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.bool), torch.zeros(n, 4, 8)
+        )
+        for n in lengths
+    ]
+    packed = list(pack_rows(samples, 128, hidden_size=8, vocab_size=VOCAB))
+    assert rows_per_epoch(lengths, 128) == len(packed) == 7
+    assert steps_for_epochs(3, 7, 2) == 11  # 21 rows at 2 a step: the 11th step starts the 4th pass
+    with pytest.raises(ValueError, match="dataset is empty"):
+        steps_for_epochs(1, rows_per_epoch([1, 0], 128), 2)
