@@ -50,7 +50,10 @@ def test_sections_default_to_empty_objects_so_inner_defaults_apply():
         "openAPIV3Schema"
     ]["properties"]["spec"]
     assert spec["properties"]["training"]["default"] == {}
-    assert spec["properties"]["training"]["properties"]["steps"]["default"] == 2000
+    assert spec["properties"]["training"]["properties"]["learningRate"]["default"] == 1e-4
+    assert spec["properties"]["draft"]["properties"]["initialization"]["default"] == {}
+    # A defaulted steps would collide with a given epochs: 2000 steps is the operator's reading of neither.
+    assert "default" not in spec["properties"]["training"]["properties"]["steps"]
     assert spec["required"] == ["target", "data"]
 
 
@@ -102,3 +105,52 @@ def test_schema_generator_refuses_unexplained_or_untyped_fields():
         structural_schema(Undocumented)
     with pytest.raises(SchemaError, match="no type"):
         structural_schema(Untyped)
+
+
+def _spec(**sections) -> dict:
+    return {
+        "target": {"model": "org/target"},
+        "data": {"sources": [{"claimName": "prompts", "path": "chat.jsonl"}]},
+        **sections,
+    }
+
+
+def test_training_length_is_steps_or_epochs():
+    from eagle3_operator.api.draft_training import DraftTrainingSpec
+    from pydantic import ValidationError
+
+    assert DraftTrainingSpec.model_validate(_spec()).training.length_args == ["--steps", "2000"]
+    assert DraftTrainingSpec.model_validate(_spec(training={"steps": 7})).training.length_args == [
+        "--steps",
+        "7",
+    ]
+    assert DraftTrainingSpec.model_validate(_spec(training={"epochs": 3})).training.length_args == [
+        "--epochs",
+        "3",
+    ]
+    with pytest.raises(ValidationError, match="steps or training.epochs, not both"):
+        DraftTrainingSpec.model_validate(_spec(training={"steps": 7, "epochs": 3}))
+
+
+def test_draft_initialization_needs_a_path_exactly_when_from_a_checkpoint():
+    from eagle3_operator.api.draft_training import DraftTrainingSpec
+    from pydantic import ValidationError
+
+    draft = DraftTrainingSpec.model_validate(_spec()).draft
+    assert (draft.layers, draft.initialization.source, draft.initialization.path) == (1, "scratch", None)
+    warm = {"layers": 2, "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"}}
+    assert DraftTrainingSpec.model_validate(_spec(draft=warm)).draft.initialization.to_json() == {
+        "from": "checkpoint",
+        "path": "pvc://drafts/head",
+    }
+    for bad in ({"from": "checkpoint"}, {"from": "scratch", "path": "org/head"}):
+        with pytest.raises(ValidationError, match="path is required when from is checkpoint"):
+            DraftTrainingSpec.model_validate(_spec(draft={"initialization": bad}))
+
+
+def test_draft_layer_bound_is_the_runtime_bound():
+    from eagle3_operator.api.draft_training import MAX_DRAFT_LAYERS
+
+    from eagle3_runtime.model import config
+
+    assert MAX_DRAFT_LAYERS == config.MAX_DRAFT_LAYERS

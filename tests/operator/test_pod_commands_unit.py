@@ -38,8 +38,13 @@ def _stage_commands(**spec) -> list[tuple[list[str], bool]]:
             "storage": {"accessModes": ["ReadWriteMany"]},
             "export": {"claimName": "drafts", "format": "speculators", "quantize": "mxfp4"},
         },
+        {
+            "hiddenStates": {"mode": "offline"},
+            "training": {"epochs": 2},
+            "draft": {"layers": 2, "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"}},
+        },
     ],
-    ids=["offline", "online-fp8", "streaming-multinode-mxfp4"],
+    ids=["offline", "online-fp8", "streaming-multinode-mxfp4", "epochs-two-layers-warm-start"],
 )
 def test_pod_commands_parse_with_the_runtime_cli(spec):
     for command, reports_result in _stage_commands(**spec):

@@ -53,6 +53,17 @@ INVALID = [
     ("dt-duplicate-layer-ids", _dt(**{"spec.hiddenStates": {"layerIds": [3, 3, 5]}}), "spec.hiddenStates.layerIds"),
     ("dt-checkpoint-after-end", _dt(**{"spec.training": {"steps": 10, "checkpointEvery": 50}}),
      "checkpointEvery must not exceed steps"),
+    ("dt-steps-and-epochs", _dt(**{"spec.training": {"steps": 100, "epochs": 2}}), "set steps or epochs, not both"),
+    ("dt-zero-epochs", _dt(**{"spec.training": {"epochs": 0}}), "spec.training.epochs"),
+    ("dt-checkpoint-after-default-steps", _dt(**{"spec.training": {"checkpointEvery": 5000}}),
+     "checkpointEvery must not exceed steps"),
+    ("dt-draft-layers", _dt(**{"spec.draft": {"layers": 5}}), "spec.draft.layers"),
+    ("dt-init-checkpoint-without-path", _dt(**{"spec.draft": {"initialization": {"from": "checkpoint"}}}),
+     "path is required when from is checkpoint"),
+    ("dt-init-path-from-scratch", _dt(**{"spec.draft": {"initialization": {"path": "org/eagle3-head"}}}),
+     "path is required when from is checkpoint"),
+    ("dt-init-bad-path", _dt(**{"spec.draft": {"initialization": {"from": "checkpoint", "path": "a b"}}}),
+     "spec.draft.initialization.path"),
     ("dt-loss-decay", _dt(**{"spec.training": {"lossDecay": 1.5}}), "spec.training.lossDecay"),
     ("dt-learning-rate", _dt(**{"spec.training": {"learningRate": 0}}), "spec.training.learningRate"),
     ("dt-multinode-rwo", _dt(**{"spec.training": {"nodes": 2}}), "spec.storage.accessModes"),
@@ -94,6 +105,21 @@ def test_valid_objects_are_accepted_with_defaults(crds: LocalCluster, namespace:
     )
     sdd = crds.request("POST", spec_decode_path(namespace), _sdd(**{"metadata.name": "ok"}))
     assert sdd["spec"]["replicas"] == 1 and sdd["spec"]["monitoring"]["serviceMonitor"] is True
+
+
+def test_epochs_and_a_warm_started_multi_layer_draft_are_accepted(crds: LocalCluster, namespace: str):
+    body = _dt(**{"metadata.name": "epochs", "spec.training": {"epochs": 3},
+                  "spec.draft": {"layers": 2, "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"}}})  # fmt: skip
+    spec = crds.request("POST", draft_training_path(namespace), body)["spec"]
+    assert spec["training"]["epochs"] == 3 and "steps" not in spec["training"]
+    assert spec["draft"] == {"vocabSize": 32000, "layers": 2,
+                             "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"}}  # fmt: skip
+    # Neither given: no steps is stored (the operator runs 2000), the draft starts from scratch.
+    bare = crds.request(
+        "POST", draft_training_path(namespace), _dt(**{"metadata.name": "bare", "spec.training": {}})
+    )
+    assert "steps" not in bare["spec"]["training"] and "epochs" not in bare["spec"]["training"]
+    assert bare["spec"]["draft"] == {"vocabSize": 32000, "layers": 1, "initialization": {"from": "scratch"}}
 
 
 def test_target_is_immutable_while_running_and_editable_after_failure(crds: LocalCluster, namespace: str):

@@ -115,6 +115,12 @@ def build_crds() -> dict[str, dict[str, Any]]:
             {"name": "Stage", "type": "string", "jsonPath": ".status.stage"},
             {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
             {
+                "name": "Of",
+                "type": "integer",
+                "jsonPath": ".status.progress.totalSteps",
+                "description": "Total steps of the running stage (derived by the trainer when given in epochs)",
+            },
+            {
                 "name": "Best-AL",
                 "type": "number",
                 "jsonPath": ".status.bestCheckpoint.acceptanceLength",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quantity, cel, section
 from eagle3_operator.api.common import (
     CONDITIONS_FIELD,
     Condition,
+    ModelRef,
     Phase,
     Quantization,
     SchedulingSpec,
@@ -20,6 +21,8 @@ KIND = "DraftTraining"
 PLURAL = "drafttrainings"
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/eagle3-ai/eagle3-runtime:0.1.0"
 StageName = Literal["generate", "extract", "train", "evaluate", "select", "export", "quantize"]
+DEFAULT_STEPS = 2000
+MAX_DRAFT_LAYERS = 4  # the runtime's bound too (eagle3_runtime.model.config)
 RelativePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^/\s][^\s]*$")]
 
 
@@ -96,31 +99,92 @@ class HiddenStatesSpec(ApiModel):
     )
 
 
-class DraftSpec(ApiModel):
-    """The draft model's shape."""
-
-    vocab_size: Annotated[int, Field(ge=256, le=1_048_576)] = Field(
-        32000, description="Draft vocabulary: the most frequent target tokens of the generated answers."
-    )
-
-
-class TrainingSpec(ApiModel):
-    """Training (FSDP2 over nodes x GPUs per node)."""
+class DraftInitialization(ApiModel):
+    """Where the draft's weights start."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 cel(
-                    # has(): the API server checks the section's default ({}) before its fields are defaulted.
-                    "!has(self.checkpointEvery) || !has(self.steps) || self.checkpointEvery <= self.steps",
-                    "checkpointEvery must not exceed steps",
-                    field_path=".checkpointEvery",
+                    # has(): the section's default ({}) is checked before its fields are defaulted.
+                    "(has(self.from) && self.from == 'checkpoint') == has(self.path)",
+                    "path is required when from is checkpoint, and only then",
+                    field_path=".path",
                 )
             ]
         }
     }
 
-    steps: Annotated[int, Field(ge=1, le=10_000_000)] = Field(2000, description="Optimizer steps.")
+    source: Literal["scratch", "checkpoint"] = Field(
+        "scratch",
+        alias="from",
+        description="scratch: random decoder layers; checkpoint: warm start from an existing EAGLE-3 draft "
+        "(for example a published head, fine-tuned on the target's own outputs).",
+    )
+    path: ModelRef | None = Field(
+        None,
+        description="The draft to start from (from: checkpoint): a Hugging Face id or pvc://CLAIM/PATH of a "
+        "plain eagle3 or speculators-format directory with model.safetensors (an exported draft, or a "
+        "checkpoint such as pvc://WORKSPACE/checkpoints/step-00001000). Its layers must match draft.layers "
+        "and the target's width; lm_head rows are kept for the tokens both vocabularies share. The "
+        "embeddings are always the target's.",
+    )
+
+    @model_validator(mode="after")
+    def _path_iff_checkpoint(self) -> DraftInitialization:
+        if (self.source == "checkpoint") != (self.path is not None):
+            raise ValueError("draft.initialization.path is required when from is checkpoint, and only then")
+        return self
+
+
+class DraftSpec(ApiModel):
+    """The draft model's shape and starting point."""
+
+    vocab_size: Annotated[int, Field(ge=256, le=1_048_576)] = Field(
+        32000, description="Draft vocabulary: the most frequent target tokens of the generated answers."
+    )
+    layers: Annotated[int, Field(ge=1, le=MAX_DRAFT_LAYERS)] = Field(
+        1,
+        description="Decoder layers of the EAGLE-3 head (1 is the published EAGLE-3 shape; more layers "
+        "predict better but draft slower).",
+    )
+    initialization: DraftInitialization = section(
+        DraftInitialization, "Initial weights: from scratch (default) or from an existing draft."
+    )
+
+
+class TrainingSpec(ApiModel):
+    """Training (FSDP2 over nodes x GPUs per node). Its length is steps or epochs, not both;
+    with neither, DEFAULT_STEPS steps."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.steps) && has(self.epochs))",
+                    "set steps or epochs, not both",
+                    field_path=".epochs",
+                ),
+                cel(
+                    # has(): the API server checks the section's default ({}) before its fields are defaulted.
+                    f"!has(self.checkpointEvery) || has(self.epochs) || "
+                    f"self.checkpointEvery <= (has(self.steps) ? self.steps : {DEFAULT_STEPS})",
+                    "checkpointEvery must not exceed steps",
+                    field_path=".checkpointEvery",
+                ),
+            ]
+        }
+    }
+
+    # No schema default: a defaulted steps would collide with a given epochs.
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        None, description=f"Optimizer steps; {DEFAULT_STEPS} when neither steps nor epochs is set."
+    )
+    epochs: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        None,
+        description="Passes over the training data instead of steps: the trainer derives the step count from "
+        "the data's size (packed rows / rows per step) and reports it as status.progress.totalSteps.",
+    )
     learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(1e-4, description="Peak learning rate.")
     batch_tokens: Annotated[int, Field(ge=64, le=16_777_216)] = Field(16384, description="Tokens per step.")
     ttt_steps: Annotated[int, Field(ge=1, le=16)] = Field(
@@ -131,13 +195,35 @@ class TrainingSpec(ApiModel):
     )
     nodes: Annotated[int, Field(ge=1, le=128)] = Field(1, description="Trainer pods (torchrun nodes).")
     gpus_per_node: Annotated[int, Field(ge=1, le=16)] = Field(1, description="GPUs per trainer pod.")
-    checkpoint_every: Annotated[int, Field(ge=1)] = Field(500, description="Save a checkpoint every N steps.")
+    checkpoint_every: Annotated[int, Field(ge=1)] = Field(
+        500, description="Save a checkpoint every N steps (and always at the end)."
+    )
     seed: Annotated[int, Field(ge=0)] = Field(0, description="Training seed.")
     resources: dict[str, Any] | None = Field(
         None,
         description="Extra CPU/memory requests and limits of a trainer pod ({requests: {...}, limits: {...}}).",
         json_schema_extra=FREE_FORM_OBJECT,
     )
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainingSpec:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("set training.steps or training.epochs, not both")
+        return self
+
+    @property
+    def total_steps(self) -> int | None:
+        """Steps as given, DEFAULT_STEPS when neither is set; None in epochs (the trainer derives them)."""
+        if self.epochs is not None:
+            return None
+        return self.steps if self.steps is not None else DEFAULT_STEPS
+
+    @property
+    def length_args(self) -> list[str]:
+        """The trainer's `--steps N` or `--epochs N`."""
+        if self.epochs is not None:
+            return ["--epochs", str(self.epochs)]
+        return ["--steps", str(self.total_steps)]
 
 
 class DatasetRef(ApiModel):
@@ -223,7 +309,7 @@ class DraftTrainingSpec(ApiModel):
     runtime: RuntimeSpec = section(RuntimeSpec, "Image and settings of the stage pods.")
     data: DataSpec = Field(description="Data generation.")
     hidden_states: HiddenStatesSpec = section(HiddenStatesSpec, "Hidden-state source for training.")
-    draft: DraftSpec = section(DraftSpec, "Draft model shape.")
+    draft: DraftSpec = section(DraftSpec, "Draft model shape and initial weights.")
     training: TrainingSpec = section(TrainingSpec, "Training settings.")
     evaluation: EvaluationSpec = section(EvaluationSpec, "Checkpoint evaluation and selection.")
     export: ExportSpec = section(ExportSpec, "Export of the best checkpoint.")

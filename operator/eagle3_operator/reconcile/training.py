@@ -408,11 +408,14 @@ class TrainingPlanner:
                 args += ["--server", self.server_url("stream")]
             args += [
                 "--layer-ids", _layer_ids(self.dt), "--draft-vocab-size", str(spec.draft.vocab_size),
-                "--steps", str(training.steps), "--learning-rate", _num(training.learning_rate),
+                "--draft-layers", str(spec.draft.layers),
+                *training.length_args, "--learning-rate", _num(training.learning_rate),
                 "--batch-tokens", str(training.batch_tokens), "--ttt-steps", str(training.ttt_steps),
                 "--loss-decay", _num(training.loss_decay), "--checkpoint-every", str(training.checkpoint_every),
                 "--seed", str(training.seed),
             ]  # fmt: skip
+            if spec.draft.initialization.source == "checkpoint":
+                args += ["--init-checkpoint", model_location(spec.draft.initialization.path, "init", mounts)]
             job = self.stage_job(
                 stage, name, args, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
                 extra_resources=training.resources,
