@@ -44,7 +44,10 @@ class PipelineConfig:
     hidden_states: str = "offline"
     layer_ids: str = "auto"
     draft_vocab_size: int = 32000
-    steps: int = 2000
+    draft_layers: int = 1
+    init_checkpoint: str | None = None  # warm start (a local directory or a Hugging Face id)
+    steps: int | None = 2000
+    epochs: int | None = None  # instead of steps
     learning_rate: float = 1e-4
     batch_tokens: int = 16384
     ttt_steps: int = 3
@@ -130,7 +133,12 @@ def from_spec(spec: Any, volumes: dict[str, Path], base: Path, local: LocalSetti
         hidden_states=spec.hidden_states.mode,
         layer_ids=",".join(map(str, layer_ids)) if layer_ids else "auto",
         draft_vocab_size=spec.draft.vocab_size,
-        steps=spec.training.steps,
+        draft_layers=spec.draft.layers,
+        init_checkpoint=(
+            _model_path(init.path, volumes, base) if (init := spec.draft.initialization).path else None
+        ),
+        steps=spec.training.total_steps,
+        epochs=spec.training.epochs,
         learning_rate=spec.training.learning_rate,
         batch_tokens=spec.training.batch_tokens,
         ttt_steps=spec.training.ttt_steps,

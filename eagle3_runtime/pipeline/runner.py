@@ -14,6 +14,7 @@ from pathlib import Path
 from eagle3_runtime import cli
 from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
 from eagle3_runtime.pipeline.config import PipelineConfig
+from eagle3_runtime.stages.train import finished_training
 from eagle3_runtime.train.checkpoint import complete_checkpoints
 from eagle3_runtime.vllm_server import VLLMServer
 
@@ -133,14 +134,17 @@ class PipelineRunner:
 
     def train(self) -> None:
         c = self.config
+        length = ["--epochs", str(c.epochs)] if c.epochs is not None else ["--steps", str(c.steps)]
         argv = ["--target", c.target, "--hidden-states", c.hidden_states, "--layer-ids", c.layer_ids,
-                "--draft-vocab-size", str(c.draft_vocab_size), "--steps", str(c.steps),
+                "--draft-vocab-size", str(c.draft_vocab_size), "--draft-layers", str(c.draft_layers), *length,
                 "--learning-rate", str(c.learning_rate), "--batch-tokens", str(c.batch_tokens),
                 "--ttt-steps", str(c.ttt_steps), "--loss-decay", str(c.loss_decay),
                 "--checkpoint-every", str(c.checkpoint_every), "--seed", str(c.train_seed),
                 "--seq-len", str(c.local.seq_len)]  # fmt: skip
-        done = complete_checkpoints(self.workspace)
-        if c.hidden_states != "streaming" or (done and done[-1] >= c.steps):
+        if c.init_checkpoint:
+            argv += ["--init-checkpoint", c.init_checkpoint]
+        finished = finished_training(self.workspace, None if c.epochs is not None else c.steps, c.epochs)
+        if c.hidden_states != "streaming" or finished is not None:
             self._stage("train", argv)
             return
         from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH

@@ -78,6 +78,31 @@ def test_missing_volume_path_is_named(tmp_path):
         load_config(path, {"models": tmp_path})
 
 
+def test_epochs_draft_layers_and_warm_start_reach_the_local_run(tmp_path, volumes):
+    head = volumes["models"] / "eagle3-head"
+    head.mkdir()
+    manifest = yaml.safe_load(yaml.safe_dump(MANIFEST))
+    manifest["spec"]["training"] = {"epochs": 3}
+    manifest["spec"]["draft"] = {
+        "layers": 2,
+        "initialization": {"from": "checkpoint", "path": "pvc://models/eagle3-head"},
+    }
+    path = tmp_path / "training.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    config = load_config(path, volumes)
+    assert (config.steps, config.epochs, config.draft_layers) == (None, 3, 2)
+    assert config.init_checkpoint == str(head.resolve())
+    manifest["spec"]["training"] = {}
+    manifest["spec"]["draft"] = {}
+    path.write_text(yaml.safe_dump(manifest))
+    config = load_config(path, volumes)
+    assert (config.steps, config.epochs, config.draft_layers, config.init_checkpoint) == (2000, None, 1, None)
+    manifest["spec"]["training"] = {"steps": 10, "epochs": 3}
+    path.write_text(yaml.safe_dump(manifest))
+    with pytest.raises(ValueError, match="training.steps or training.epochs, not both"):
+        load_config(path, volumes)
+
+
 def test_checkpoints_to_evaluate_takes_first_every_nth_and_last():
     assert checkpoints_to_evaluate([5, 10, 15, 20], 2) == [5, 15, 20]
     assert checkpoints_to_evaluate([5, 10, 15], 1) == [5, 10, 15]
