@@ -294,7 +294,12 @@ class DraftTrainer:
         from eagle3_runtime.export import read_eagle3_dir
 
         manifest, state = read_checkpoint(self.workspace, step)
-        _, weights = read_eagle3_dir(self.workspace.checkpoint_dir(step))
+        config, weights = read_eagle3_dir(self.workspace.checkpoint_dir(step))
+        if config.get("num_hidden_layers", 1) != self.draft_config.num_hidden_layers:
+            raise ValueError(
+                f"checkpoint step-{step:08d} has {config.get('num_hidden_layers', 1)} decoder layer(s), this run "
+                f"{self.draft_config.num_hidden_layers}: train the new shape in a new workspace"
+            )
         if "d2t" in weights and not torch.equal(weights["d2t"], self.vocab.d2t):
             raise ValueError(f"checkpoint step-{step:08d} was trained with another draft vocabulary")
         options = StateDictOptions(full_state_dict=True, strict=False)

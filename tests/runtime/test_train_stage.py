@@ -211,3 +211,11 @@ def test_warm_start_continues_from_the_checkpoints_loss(tmp_path, target_dir):
     _write_states(target_dir, two_layers, count=4)
     message = _failure(two_layers, target_dir, "--init-checkpoint", init, "--draft-layers", "2")
     assert "has 1 decoder layer(s), the draft being trained has 2" in message
+
+
+def test_resuming_with_another_layer_count_is_refused(tmp_path, target_dir):
+    workspace = Workspace(tmp_path / "ws")
+    _write_states(target_dir, workspace, count=4)
+    assert eagle3(train_args(workspace, target_dir, "--steps", "2")) == 0
+    message = _failure(workspace, target_dir, "--draft-layers", "2")
+    assert "step-00000002 has 1 decoder layer(s), this run 2" in message
