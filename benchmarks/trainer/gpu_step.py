@@ -17,11 +17,14 @@ vocabulary. The peak is a bf16 8192^3 matmul measured in the same run.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import time
+import warnings
 
 import torch
+from torch._dynamo.utils import counters
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 4096, 32, 8, 128, 14336
 TARGET_VOCAB, DRAFT_VOCAB, LAYERS = 128256, 32000, 32
@@ -186,6 +189,20 @@ def run_ours(args, target, counts, batches):
     }
 
 
+def speculators_draft_config(verifier_config):
+    """The draft decoder config their trainer synthesises for eagle3 (`--num-layers` defaults to 1).
+
+    Their Eagle3DraftModel builds `transformer_layer_config.num_hidden_layers` decoder layers, so
+    passing the target's own config (32 layers) builds a 32-layer draft: that, not FlexAttention,
+    is what ran the H200 out of memory, and its 32 cache layers (one `len(cache.layers)` guard
+    each) are what exhausted the recompile limit. Their default sliding window (2048, all layers)
+    masks nothing at sequence 2048, so full attention gives the same block mask here.
+    """
+    config = copy.deepcopy(verifier_config)
+    config.num_hidden_layers = 1
+    return config
+
+
 def run_speculators(args, target, counts, batches):
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses import resolve_loss_config
@@ -196,8 +213,9 @@ def run_speculators(args, target, counts, batches):
     from eagle3_runtime.model.vocab import build_draft_vocab
 
     vocab = build_draft_vocab(counts, DRAFT_VOCAB)
-    layer_config = target_config()
-    layer_config._attn_implementation = args.speculators_attention if DEVICE == "cuda" else "eager"
+    verifier_config = target_config()
+    layer_config = speculators_draft_config(verifier_config)
+    layer_config._attn_implementation = args.speculators_attention
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_config,
         draft_vocab_size=DRAFT_VOCAB,
@@ -207,20 +225,22 @@ def run_speculators(args, target, counts, batches):
             algorithm="eagle3",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
             default_proposal_method="greedy",
-            verifier=VerifierConfig.from_config(layer_config, name_or_path=None),
+            verifier=VerifierConfig.from_config(verifier_config, name_or_path=None),
         ),
     )
-    if args.speculators_attention == "simple_flex_attention" and args.speculators_compile == "flex":
-        # Their whole-forward torch.compile re-traces the decoder layer on every call on torch 2.11
-        # (guards on transformers' DynamicCache), gives up, and runs flex uncompiled: out of memory on
-        # the H200 (seen). Here their forward runs eagerly and only their flex_attention call is
-        # compiled, which is what their compiled forward would run for the attention.
-        import speculators.models.attention as speculators_attention
-        from torch.nn.attention.flex_attention import flex_attention
+    if DEVICE == "cpu" and not hasattr(Eagle3DraftModel.forward, "_torchdynamo_orig_callable"):
+        # Their forward carries `torch.compile` (default options) only when CUDA is present. The CPU
+        # dry run applies the same compile so the same graphs, guards and recompiles are exercised;
+        # inductor has no FlexAttention backward on CPU, so it traces with aot_eager and lifts
+        # flex's CPU-backward check (its reference math then runs: CPU memory numbers mean nothing).
+        import torch.nn.attention.flex_attention as flex_module
 
-        speculators_attention.flex_attention = torch.compile(flex_attention, dynamic=False)
-        forward = Eagle3DraftModel.forward
-        Eagle3DraftModel.forward = getattr(forward, "_torchdynamo_orig_callable", forward)
+        flex_module._validate_device = lambda *tensors: None
+        Eagle3DraftModel.forward = torch.compile(Eagle3DraftModel.forward, backend="aot_eager")
+    # Fail at once instead of their silent fallback to uncompiled flex, which materialises the scores.
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    warnings.filterwarnings("error", message="flex_attention called without torch.compile")
+    graphs_before = counters["stats"]["unique_graphs"]
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(vocab.t2d, vocab.d2t)
     with torch.no_grad():  # what load_verifier_weights would read from the verifier checkpoint
@@ -232,8 +252,6 @@ def run_speculators(args, target, counts, batches):
     model = model.to(DEVICE).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=DEVICE == "cuda")
-    # speculators' fused Triton loss does not trace under torch.compile on torch 2.11 (a dynamo
-    # AssertionError in triton_kernel_wrap, seen on the H200); its eager loss is compiled with the rest.
     loss_config = resolve_loss_config("kl_div", args.speculators_loss)
     seq = args.seq_len
 
@@ -262,6 +280,7 @@ def run_speculators(args, target, counts, batches):
         "losses": losses,
         "trainable_parameters": trainable,
         "peak_memory_gib": peak_memory_gib(),
+        "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before,
     }
 
 
@@ -272,28 +291,22 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--attention", default="flex")
+    parser.add_argument("--attention", default="auto", help="ours: eager | flex | auto (flex on GPU)")
     parser.add_argument(
         "--freeze-lm-head", action="store_true", help="speculators' recipe (lm_head not trained)"
     )
     parser.add_argument("--out", default=None, help="write the JSON result here too")
     parser.add_argument("--tiny", action="store_true", help="small shapes: a CPU dry run of the code paths")
+    # Their trainer's default loss is a fused Triton kernel; dynamo fails tracing its backward inside
+    # their compiled forward on torch 2.11 (AssertionError in triton_kernel_wrap, seen on the H200).
     parser.add_argument("--speculators-loss", choices=["eager", "fused"], default="eager")
-    # Their default, simple_flex_attention, falls back to uncompiled flex on torch 2.11 + transformers
-    # 5.17 (the decoder layer recompiles past any limit on its KV-cache guards) and runs out of
-    # memory on the H200 (seen); sdpa runs their dense-mask path through PyTorch's SDPA kernels.
-    parser.add_argument("--speculators-attention", choices=["sdpa", "simple_flex_attention"], default="sdpa")
     parser.add_argument(
-        "--speculators-compile",
-        choices=["forward", "flex"],
-        default="forward",
-        help="forward: their own torch.compile of the whole forward; flex: only flex_attention",
+        "--speculators-attention", choices=["simple_flex_attention", "sdpa"], default="simple_flex_attention"
     )
     args = parser.parse_args()
     if args.tiny:
         globals().update(TINY)
-    # Both implementations compile one frame per TTT step (the key length grows); the default
-    # limit of 8 recompilations makes speculators' layer fall back to eager, uncompiled flex.
+    # The key length grows with each TTT step, so attention frames are compiled more than once.
     torch._dynamo.config.recompile_limit = 64
     result = {
         "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
@@ -304,7 +317,6 @@ def main() -> None:
         "freeze_lm_head": args.freeze_lm_head,
         "speculators_attention": args.speculators_attention,
         "speculators_loss": args.speculators_loss,
-        "speculators_compile": args.speculators_compile,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     if args.impl in ("all", "peak") and DEVICE == "cuda":
