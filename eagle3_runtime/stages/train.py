@@ -149,16 +149,16 @@ def finished_training(workspace: Workspace, steps: int | None, epochs: int | Non
     return {**manifest, "settings": {**settings, "steps": total, "epochs": epochs}, "checkpoints": done}
 
 
-def _total_steps(args, lengths: list[int], rows_per_step: int, seq_len: int) -> int:
+def _total_steps(args, lengths: list[int], settings: TrainSettings) -> int:
     if args.steps is not None:
         return args.steps
     if args.epochs <= 0:
         raise ValueError(f"--epochs must be positive, got {args.epochs}")
-    rows = rows_per_epoch(lengths, seq_len)
-    total = steps_for_epochs(args.epochs, rows, rows_per_step)
+    rows = rows_per_epoch(lengths, settings.seq_len)
+    total = steps_for_epochs(args.epochs, rows, settings.rows_per_step)
     log.info(
         "%d epochs of %d samples (%d tokens, %d rows of %d) at %d rows per step: %d steps",
-        args.epochs, len(lengths), sum(lengths), rows, seq_len, rows_per_step, total,
+        args.epochs, len(lengths), sum(lengths), rows, settings.seq_len, settings.rows_per_step, total,
     )  # fmt: skip
     return total
 
@@ -191,14 +191,13 @@ def run(args: argparse.Namespace) -> StageResult:
 
     counts = count_tokens(measured(token_records()), target_config.vocab_size)
     vocab = build_draft_vocab(counts, args.draft_vocab_size)
-    seq_len = min(args.seq_len, args.batch_tokens)
     settings = TrainSettings(
-        steps=_total_steps(args, lengths, max(1, args.batch_tokens // seq_len), seq_len),
+        steps=0,  # set below from --steps or --epochs
         epochs=args.epochs,
         init_checkpoint=args.init_checkpoint,
         learning_rate=args.learning_rate,
         batch_tokens=args.batch_tokens,
-        seq_len=seq_len,
+        seq_len=min(args.seq_len, args.batch_tokens),
         ttt_steps=args.ttt_steps,
         loss_decay=args.loss_decay,
         checkpoint_every=args.checkpoint_every,
@@ -206,6 +205,7 @@ def run(args: argparse.Namespace) -> StageResult:
         warmup_steps=args.warmup_steps,
         attention=args.attention,
     )
+    settings.steps = _total_steps(args, lengths, settings)
     trainer = DraftTrainer(
         settings=settings,
         draft_config=draft_config,
