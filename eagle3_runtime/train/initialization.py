@@ -71,7 +71,7 @@ def _checkpoint_vocab(model: str, weights: dict[str, torch.Tensor], target_vocab
 
 def check_compatible(
     model: str, config: dict[str, Any], weights: dict[str, torch.Tensor], draft: Eagle3Draft
-):
+) -> None:
     for option in UNSUPPORTED_OPTIONS:
         if config.get(option):
             raise ValueError(f"{model}: config sets {option}, which this trainer does not implement")
