@@ -141,11 +141,13 @@ class Eagle3Draft(nn.Module):
     def num_layers(self) -> int:
         return 1 + len(self.layers)
 
-    def step(self, input_ids, hidden, positions, attend: list[TTTAttention]) -> torch.Tensor:
+    def step(self, input_ids, hidden, positions, attend: TTTAttention | list[TTTAttention]) -> torch.Tensor:
         """One speculative step over every slot: returns the pre-norm hidden output.
 
-        `attend` holds one TTTAttention per decoder layer (each layer has its own KV cache in vLLM).
+        `attend` holds one TTTAttention per decoder layer (each layer has its own KV cache in vLLM);
+        a one-layer draft also takes a single one.
         """
+        attend = list(attend) if isinstance(attend, (list, tuple)) else [attend]
         with torch.no_grad():
             embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = self.rotary_emb(hidden, positions)
