@@ -142,5 +142,7 @@ def test_target_is_immutable_while_running_and_editable_after_failure(crds: Loca
 def test_kubectl_explain_describes_fields(crds: LocalCluster):
     text = " ".join(crds.kubectl("explain", "drafttraining.spec.hiddenStates.mode").split())
     assert "offline: an extraction Job writes them to the workspace" in text
+    text = " ".join(crds.kubectl("explain", "dt.spec.draft.initialization.from").split())
+    assert "checkpoint: warm start from an existing EAGLE-3 draft" in text
     text = " ".join(crds.kubectl("explain", "sdd.spec.draft.fromDraftTraining").split())
     assert "its exported draft is used once it succeeds" in text
