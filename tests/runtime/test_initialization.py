@@ -98,3 +98,21 @@ def test_a_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="not an eagle3 draft directory"):
         warm_start(draft, str(empty), vocab)
+
+
+def test_a_head_without_layer_ids_and_with_embeddings_is_read(tmp_path):
+    """Published heads may leave the layer ids to vLLM's default and carry embed_tokens: both fine."""
+    from safetensors.torch import load_file, save_file
+
+    ids = list(range(20))
+    path, source = _source(tmp_path, ids)
+    config = json.loads((path / "config.json").read_text())
+    del config["eagle_aux_hidden_state_layer_ids"]
+    (path / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(path / "model.safetensors"))
+    save_file({**weights, "embed_tokens.weight": torch.ones(50, 32)}, str(path / "model.safetensors"))
+    draft, vocab = _fresh(ids)
+    embeddings = draft.embed_tokens.weight.clone()
+    assert warm_start(draft, str(path), vocab)["lm_head_rows_from_checkpoint"] == 20
+    torch.testing.assert_close(draft.fc.weight, source.fc.weight)
+    assert torch.equal(draft.embed_tokens.weight, embeddings), "the embeddings stay the target's"
