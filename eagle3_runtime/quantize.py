@@ -45,6 +45,7 @@ class _QuarkExportable(PreTrainedModel):
     def __init__(self, config: LlamaConfig, draft: Eagle3Draft):
         super().__init__(config)
         self.fc, self.midlayer, self.norm, self.lm_head = draft.fc, draft.midlayer, draft.norm, draft.lm_head
+        self.layers = draft.layers  # decoder layers 1.. of a multi-layer draft (layers.1.*, ...)
 
 
 def load_draft(directory: Path, dtype: torch.dtype = torch.float32) -> tuple[dict, Eagle3Draft]:
@@ -77,6 +78,9 @@ def quantize_draft(input_dir: Path, output_dir: Path, scheme: str) -> Path:
         export_safetensors(model, tmp)
         quark_config = json.loads((Path(tmp) / "config.json").read_text())["quantization_config"]
         weights = load_file(str(Path(tmp) / WEIGHTS_FILE))
+    dropped = sorted(n for n in original if n not in weights and n not in ("d2t", "t2d"))
+    if dropped:  # vLLM would serve those modules uninitialised
+        raise RuntimeError(f"Quark's export lost {len(dropped)} draft tensors, e.g. {dropped[:3]}")
     quantised_names = {n for n in weights if n.endswith("_scale")}
     out_weights = {}
     for name, tensor in weights.items():

@@ -29,13 +29,18 @@ def draft_logits(draft, seed=0):
         return draft.logits(hidden)
 
 
+def export_trained_like(directory, num_layers=1):
+    draft = tiny_draft(draft_vocab_size=20, num_layers=num_layers)
+    with torch.no_grad():  # trained-like weights: larger than the 0.02 init
+        for layer in [draft.midlayer, *draft.layers.values()]:
+            for p in layer.parameters():
+                p.mul_(10.0 if p.dim() == 2 else 1.0)
+    return write_eagle3_dir(directory, draft.trainable_state_dict(), draft.config)
+
+
 @pytest.fixture
 def exported(tmp_path):
-    draft = tiny_draft(draft_vocab_size=20)
-    with torch.no_grad():  # trained-like weights: larger than the 0.02 init
-        for p in draft.midlayer.parameters():
-            p.mul_(10.0 if p.dim() == 2 else 1.0)
-    return write_eagle3_dir(tmp_path / "bf16", draft.trainable_state_dict(), draft.config)
+    return export_trained_like(tmp_path / "bf16")
 
 
 def test_fp8_quantises_only_the_mid_layer_and_keeps_logits_close(exported, tmp_path, capsys):
@@ -98,3 +103,16 @@ def test_mxfp4_and_bad_input(exported, tmp_path):
         )
         == 1
     )
+
+
+def test_fp8_keeps_every_layer_of_a_two_layer_draft(tmp_path):
+    exported = export_trained_like(tmp_path / "bf16", num_layers=2)
+    out = tmp_path / "fp8"
+    assert eagle3(["quantize", "--input", str(exported), "--output", str(out), "--scheme", "fp8"]) == 0
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["layers.1.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    assert weights["layers.1.mlp.down_proj.weight_scale"].shape == (32,)
+    assert weights["layers.1.input_layernorm.weight"].dtype == torch.bfloat16
+    _, original = load_draft(exported)
+    expected = {k for k in original.trainable_state_dict() if k not in ("d2t", "t2d")}
+    assert expected <= set(weights), sorted(expected - set(weights))
