@@ -93,10 +93,13 @@ def write_report(workspace: Workspace, config: PipelineConfig) -> Path:
     plots = _plots(workspace, evaluations, training)
     selection = json.loads(workspace.selection_file.read_text()) if workspace.selection_file.exists() else {}
     k = config.num_speculative_tokens
+    length = f"{config.steps} training steps" if config.epochs is None else f"{config.epochs} epochs"
+    if config.epochs is not None and training:
+        length += f" ({training[-1]['step']} training steps)"
     lines = [
         "# Draft training report",
         "",
-        f"Target: `{config.target}`; {config.num_samples} generated samples; {config.steps} training steps "
+        f"Target: `{config.target}`; {config.num_samples} generated samples; {length} "
         f"({config.ttt_steps} TTT steps); hidden states {config.hidden_states}; evaluated with {k} speculative "
         "tokens, greedy.",
         "",
