@@ -30,7 +30,7 @@ from pathlib import Path
 from eagle3_runtime import tiny_target
 
 DEEP_TARGET = tiny_target.TinyTargetSpec(
-    layers=24, hidden=256, heads=4, intermediate=688, steps=3000, batch_size=32, seq_len=512,
+    layers=24, hidden=256, heads=4, intermediate=688, steps=800, batch_size=32, seq_len=512,
     learning_rate=1e-3, corpus_megabytes=16.0,
 )  # fmt: skip
 
