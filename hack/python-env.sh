@@ -21,7 +21,10 @@ if [[ ! -f $venv/.complete ]]; then
   python3 -m venv "$venv"
   # A current pip, so the editable install below works with setuptools' own bdist_wheel.
   "$venv/bin/pip" install -q pip==25.3 >&2
-  "$venv/bin/pip" install -q --no-deps -r "$lock" >&2
+  # Download into a wheelhouse first: the package index here answers uncacheable, so pip's own
+  # HTTP cache stays empty; with the wheelhouse a changed pin downloads only what changed.
+  "$venv/bin/pip" download -q --no-deps -r "$lock" -d "$cache/wheelhouse" >&2
+  "$venv/bin/pip" install -q --no-deps --no-index --find-links "$cache/wheelhouse" -r "$lock" >&2
   touch "$venv/.complete"
 fi
 # The project itself, editable, so the checkout under test is what runs.
