@@ -15,9 +15,10 @@ env: ## create the cached Python environment (torch, vLLM CPU build, kopf, ...)
 testbed: ## build the control-plane, etcd, kwok and helm binaries (cached)
 	@hack/build-testbed.sh >/dev/null
 
-test: ## install what is missing, then run the whole test suite
+test: ## install what is missing (env, test bed, tiny target), then run the whole test suite
 	@hack/system-deps.sh
 	@bin=$$(hack/build-testbed.sh) && venv=$$(hack/python-env.sh) && \
+	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
 	  EAGLE3_TESTBED_BIN=$$bin PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
