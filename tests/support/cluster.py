@@ -776,6 +776,9 @@ def main() -> None:
     # SIGTERM (a supervisor) and SIGHUP (the terminal closed) stop the test bed like Ctrl-C does.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(0))
+    # A shell starts background jobs with SIGINT ignored, and Python then keeps it ignored; Ctrl-C
+    # (or a test's SIGINT) must stop the test bed wherever it was started from.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     print("starting the test bed ...", flush=True)
     try:
