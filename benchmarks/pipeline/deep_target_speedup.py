@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> None:
         draft = workspace / f"export-c{concurrency}"
         if not draft.exists():
             shutil.copytree(runner.workspace.export_dir, draft)
-        argv = runner._evaluate_argv(str(draft))
+        argv = runner.evaluate_argv(str(draft))
         measured = run_stage("evaluate", argv, workspace / "results" / f"speedup-c{concurrency}")
         results[str(concurrency)] = measured.metrics
     summary = {

@@ -129,7 +129,7 @@ class PipelineRunner:
             # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
             from eagle3_runtime.stages.evaluate import measure_baseline
 
-            args = cli.build_parser(["evaluate"]).parse_args(["evaluate", *self._evaluate_argv("step-0")])
+            args = cli.build_parser(["evaluate"]).parse_args(["evaluate", *self.evaluate_argv("step-0")])
             measure_baseline(self.workspace, server.url, SERVED_NAME, args)
 
     def train(self) -> None:
@@ -170,10 +170,11 @@ class PipelineRunner:
         if not steps:
             raise RuntimeError(f"training left no checkpoint in {self.workspace.checkpoints_dir}")
         for step in steps:
-            self._stage("evaluate", self._evaluate_argv(f"step-{step:08d}"))
+            self._stage("evaluate", self.evaluate_argv(f"step-{step:08d}"))
         return steps
 
-    def _evaluate_argv(self, checkpoint: str) -> list[str]:
+    def evaluate_argv(self, checkpoint: str) -> list[str]:
+        """`eagle3 evaluate` arguments for a checkpoint (step-N or a draft directory) under this config."""
         c = self.config
         prompts = [arg for spec in c.eval_prompts for arg in ("--prompts", _source_arg(spec))]
         return [
