@@ -159,21 +159,14 @@ class Eagle3Draft(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
-    def forward(self, batch, **loss_options):
-        """The whole TTT unroll and loss in one call (FSDP2 gathers parameters around forward)."""
+    def forward(self, batch, *, loss_fn=None, **loss_options):
+        """The whole TTT unroll and loss in one call (FSDP2 gathers parameters around forward).
+
+        `loss_fn`: `ttt_loss` or its compiled form (`compiled_ttt_loss`).
+        """
         from eagle3_runtime.model.loss import ttt_loss
 
-        return ttt_loss(self, batch, **loss_options)
-
-
-def compile_draft(model: Eagle3Draft) -> None:
-    """torch.compile the dense parts around the attention (fuses norms, rotary, SiLU, casts)."""
-    # FlexAttention compiles once per TTT step (the key length grows with the step).
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-    for layer in [model.midlayer, *model.layers.values()]:
-        layer.attention_inputs = torch.compile(layer.attention_inputs)
-        layer.finish = torch.compile(layer.finish)
-    model.logits = torch.compile(model.logits)
+        return (loss_fn or ttt_loss)(self, batch, **loss_options)
 
 
 def init_weights(model: Eagle3Draft, seed: int) -> None:

@@ -13,14 +13,18 @@ Loss = sum_i decay**i * mean over counted slots of KL(target || draft).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from eagle3_runtime.model.attention import TTTAttention
-from eagle3_runtime.model.draft import Eagle3Draft
+
+if TYPE_CHECKING:
+    from eagle3_runtime.model.draft import Eagle3Draft
 
 
 @dataclass
@@ -155,3 +159,11 @@ def ttt_loss(
             stats["conditional_count"].append(conditional.sum().float())
             still_correct = still_correct & correct
     return loss, TTTStats(**{k: torch.stack(v) for k, v in stats.items()})
+
+
+@functools.cache
+def compiled_ttt_loss() -> Callable[..., tuple[torch.Tensor, TTTStats]]:
+    """`ttt_loss` as one torch.compile graph: all TTT steps, the attention, the shifts, the masks
+    and the KL fuse forward and backward (compiling only the dense layers left the unroll and
+    the loss eager, memory-bound and launch-bound). Shapes are static: one packed batch shape."""
+    return torch.compile(ttt_loss, dynamic=False)

@@ -21,8 +21,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from eagle3_runtime.layout import Workspace
-from eagle3_runtime.model.draft import Eagle3Draft, compile_draft, init_weights
-from eagle3_runtime.model.loss import TTTBatch, TTTStats, soft_kl
+from eagle3_runtime.model.draft import Eagle3Draft, init_weights
+from eagle3_runtime.model.loss import TTTBatch, TTTStats, compiled_ttt_loss, ttt_loss
 from eagle3_runtime.model.vocab import DraftVocab
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead
@@ -49,7 +49,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     attention: str = "auto"  # eager | flex | auto (flex on GPU)
-    compile: bool | None = None  # torch.compile the dense parts; default: on GPU
+    compile: bool | None = None  # torch.compile the whole TTT unroll and loss; default: on GPU
     freeze_lm_head: bool = False  # speculators' recipe: lm_head stays the target's rows
     init_checkpoint: str | None = None  # warm start from this draft (train/initialization.py)
     epochs: int | None = None  # what `steps` was derived from, when given in epochs (recorded only)
@@ -123,10 +123,12 @@ class DraftTrainer:
             self.initialization = warm_start(draft, settings.init_checkpoint, vocab)
             log.info("warm start: %s", self.initialization)
         draft.lm_head.weight.requires_grad_(not settings.freeze_lm_head)
-        self.kl = soft_kl
-        if settings.compile if settings.compile is not None else device.type == "cuda":
-            compile_draft(draft)
-            self.kl = torch.compile(soft_kl)
+        compile_loss = settings.compile if settings.compile is not None else device.type == "cuda"
+        self.loss_fn = compiled_ttt_loss() if compile_loss else ttt_loss
+        # A collective inside the compiled loss would be traced; keep it a clean graph break instead.
+        self.reduce_counts = (
+            torch.compiler.disable(context.all_reduce_sum) if context.enabled else lambda counts: counts
+        )
         self.model = shard_model(draft.to(device), context)
         self.target_head = target_head.to(device)
         self.draft_ids = None if vocab.is_full else vocab.used_ids.to(device)
@@ -182,8 +184,8 @@ class DraftTrainer:
                 decay=self.settings.loss_decay,
                 draft_ids=self.draft_ids,
                 attention_backend=self.attention,
-                reduce_counts=self.context.all_reduce_sum,
-                kl=self.kl,
+                reduce_counts=self.reduce_counts,
+                loss_fn=self.loss_fn,
                 gather_counted=self.context.device.type != "cuda",
             )
         # FSDP averages gradients over ranks; the loss is already normalised globally.

@@ -273,3 +273,41 @@ def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
     assert stats.correct.tolist() == [float(sum(choice[j] == 0 for j in c)) for c in counted]
     loss.backward()
     assert draft.lm_head.weight.grad.abs().sum() > 0 and draft.embed_tokens.weight.grad is None
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_whole_ttt_loss_compiles_to_one_graph_with_the_eager_values(num_layers):
+    """On GPU the trainer compiles `ttt_loss` whole (`compiled_ttt_loss`). `fullgraph=True` fails
+    on any graph break in the unroll, masks or loss; aot_eager runs the captured forward and
+    backward graphs (inductor's CPU code is not what the GPU runs, and FlexAttention has no CPU
+    backward, so the eager attention is captured here)."""
+    torch.manual_seed(3)
+    vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)
+    t_len = 24
+    batch = TTTBatch(
+        input_ids=torch.randint(0, 50, (1, t_len)),
+        aux_hidden_states=torch.randn(1, t_len, 96),
+        target_logits=torch.randn(1, t_len, 50) * 3,
+        predict_mask=torch.rand(1, t_len) > 0.2,
+        document_ids=torch.tensor([[0] * 10 + [1] * 14]),
+        positions=torch.cat([torch.arange(10), torch.arange(14)])[None],
+    )
+    compiled = torch.compile(ttt_loss, fullgraph=True, backend="aot_eager", dynamic=False)
+    results = []
+    for loss_fn in (ttt_loss, compiled):
+        draft = tiny_draft(num_layers=num_layers)
+        draft.d2t.copy_(vocab.d2t)
+        draft.t2d.copy_(vocab.t2d)
+        loss, stats = draft(
+            batch, loss_fn=loss_fn, steps=3, decay=0.8, draft_ids=vocab.used_ids, gather_counted=False
+        )
+        loss.backward()
+        grads = {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), stats.as_tensor(), grads))
+    (eager_loss, eager_stats, eager_grads), (compiled_loss, compiled_stats, compiled_grads) = results
+    assert torch.isfinite(eager_loss) and eager_loss > 0
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    torch.testing.assert_close(compiled_stats, eager_stats)
+    assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 5
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, msg=name)
