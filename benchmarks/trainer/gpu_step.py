@@ -135,6 +135,19 @@ def timed(step, batches, warmup: int, steps: int) -> tuple[float, list[float]]:
     return time.perf_counter() - started, losses
 
 
+def profile_steps(step, batches, path: str) -> None:
+    """Where a step's GPU time goes: the top kernels of three profiled steps, written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(3):
+            step(batches[i % len(batches)])
+        sync()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
+    with open(path, "w") as handle:
+        handle.write(table)
+
+
 def run_ours(args, target, counts, batches):
     from eagle3_runtime.model.config import draft_config_from_target
     from eagle3_runtime.model.loss import TTTBatch
@@ -168,6 +181,7 @@ def run_ours(args, target, counts, batches):
     )
     head = trainer.target_head
     seq = args.seq_len
+    graphs_before = counters["stats"]["unique_graphs"]
 
     def step(b):
         batch = TTTBatch(
@@ -181,11 +195,14 @@ def run_ours(args, target, counts, batches):
         return trainer.optimize(batch, seq, time.perf_counter())["loss"]
 
     elapsed, losses = timed(step, batches, args.warmup, args.steps)
+    if args.profile:
+        profile_steps(step, batches, args.profile)
     return {
         "tokens_per_second": args.steps * seq * context.world_size / elapsed,
         "losses": losses,
         "world_size": context.world_size,
         "peak_memory_gib": peak_memory_gib(),
+        "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before,
     }
 
 
@@ -296,6 +313,7 @@ def main() -> None:
         "--freeze-lm-head", action="store_true", help="speculators' recipe (lm_head not trained)"
     )
     parser.add_argument("--out", default=None, help="write the JSON result here too")
+    parser.add_argument("--profile", default=None, help="ours: write a kernel-time table of 3 steps here")
     parser.add_argument("--tiny", action="store_true", help="small shapes: a CPU dry run of the code paths")
     # Their trainer's default loss is a fused Triton kernel; dynamo fails tracing its backward inside
     # their compiled forward on torch 2.11 (AssertionError in triton_kernel_wrap, seen on the H200).
