@@ -78,7 +78,9 @@ class TTTAttention:
         k = torch.cat(self.keys, dim=2) if self.step > 1 else self.keys[0]
         v = torch.cat(self.values, dim=2) if self.step > 1 else self.values[0]
         block_mask = _ttt_block_mask(self.document_ids, self.step)
-        return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+        # Inside the trainer's compiled loss flex is traced with the rest; called eagerly it needs its own compile.
+        flex = _flex_attention() if torch.compiler.is_compiling() else _compiled_flex()
+        return flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _ttt_block_mask(document_ids: torch.Tensor, steps: int):
@@ -96,11 +98,15 @@ def _ttt_block_mask(document_ids: torch.Tensor, steps: int):
     return create_block_mask(mask_mod, batch, None, t, steps * t, device=document_ids.device)
 
 
-@functools.cache
-def _compiled_flex():
+def _flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
+    return flex_attention
+
+
+@functools.cache
+def _compiled_flex():
     # FlexAttention is only efficient compiled; on CPU (tests) the eager path is exact and small.
     if torch.cuda.is_available():
-        return torch.compile(flex_attention, dynamic=False)
-    return flex_attention
+        return torch.compile(_flex_attention(), dynamic=False)
+    return _flex_attention()
