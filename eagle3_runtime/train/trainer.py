@@ -125,6 +125,8 @@ class DraftTrainer:
         draft.lm_head.weight.requires_grad_(not settings.freeze_lm_head)
         compile_loss = settings.compile if settings.compile is not None else device.type == "cuda"
         self.loss_fn = compiled_ttt_loss() if compile_loss else ttt_loss
+        if compile_loss:
+            log.info("the first step compiles the training step (a minute or two)")
         # A collective inside the compiled loss would be traced; keep it a clean graph break instead.
         self.reduce_counts = (
             torch.compiler.disable(context.all_reduce_sum) if context.enabled else lambda counts: counts
@@ -222,12 +224,19 @@ class DraftTrainer:
             from tqdm import tqdm
 
             bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        started, first_step = time.monotonic(), self.step
+        started = time.monotonic()
+        after_first: tuple[float, int] | None = None  # (time, step) once this process's first step is done
         while self.step < total:
             summary = self.train_step()
             self.last_summary = summary
             self._log_metrics(summary)
-            eta = (time.monotonic() - started) / (self.step - first_step) * (total - self.step)
+            now = time.monotonic()
+            if after_first is None:
+                after_first = (now, self.step)
+                eta = (now - started) * (total - self.step)
+            else:
+                # The first step carries the compile (a minute or more on GPU): the rate excludes it.
+                eta = (now - after_first[0]) / (self.step - after_first[1]) * (total - self.step)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(
