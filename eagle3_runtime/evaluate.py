@@ -4,6 +4,11 @@ The prompts run domain by domain; the `vllm:spec_decode_*` counters are read bef
 each domain, so the deltas give that domain's mean acceptance length (`1 + accepted / drafts`)
 and per-position acceptance (`accepted_at[i] / drafts`). The same prompts on a server without
 speculation give the baseline throughput; both runs use greedy decoding and one concurrency.
+
+A speedup compares like with like only when both sides run under the same machine load, so a
+measurement is a list of rounds, each one side over the whole prompt set, stamped with its start
+time and the load average; with both servers up, the rounds alternate candidate and baseline in
+ABBA order (candidate, baseline, baseline, candidate, ...) so a drifting load favours neither.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -197,6 +204,68 @@ def measure(
         run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
     )
     return summarise(runs, num_speculative_tokens)
+
+
+CANDIDATE, BASELINE = "candidate", "baseline"
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+@dataclass
+class Round:
+    """One side (candidate: with the draft; baseline: without) over the whole prompt set."""
+
+    side: str
+    started_at: str
+    load_average: list[float]  # 1, 5 and 15 minutes, when the round started
+    runs: dict[str, DomainRun]
+
+    def record(self) -> dict:
+        tokens = sum(r.tokens for r in self.runs.values())
+        seconds = sum(r.seconds for r in self.runs.values())
+        return {
+            "side": self.side, "started_at": self.started_at, "load_average": self.load_average,
+            "tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
+        }  # fmt: skip
+
+
+def measure_round(
+    side: str, server_url: str, model: str, domains: dict[str, list[Prompt]], *, max_tokens: int, concurrency: int
+) -> Round:  # fmt: skip
+    started_at, load = utc_now(), load_average()
+    runs = asyncio.run(
+        run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
+    )
+    log.info("%s round: %s", side, Round(side, started_at, load, runs).record())
+    return Round(side, started_at, load, runs)
+
+
+def abba_order(pairs: int) -> list[str]:
+    """Sides of `pairs` candidate/baseline pairs in ABBA order: C B, B C, C B, ..."""
+    order = []
+    for pair in range(pairs):
+        order += [CANDIDATE, BASELINE] if pair % 2 == 0 else [BASELINE, CANDIDATE]
+    return order
+
+
+def pooled(rounds: list[Round]) -> dict[str, DomainRun]:
+    """The rounds of one side added up per domain: tokens, seconds and counters (the prompts are the same)."""
+    total: dict[str, DomainRun] = {}
+    for round_ in rounds:
+        for domain, run in round_.runs.items():
+            seen = total.get(domain, DomainRun(0, 0, 0.0, SpecCounters()))
+            total[domain] = DomainRun(
+                run.prompts, seen.tokens + run.tokens, seen.seconds + run.seconds,
+                seen.counters + run.counters,
+            )  # fmt: skip
+    return total
 
 
 def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:

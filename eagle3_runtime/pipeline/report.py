@@ -120,7 +120,17 @@ def write_report(workspace: Workspace, config: PipelineConfig) -> Path:
         for domain, numbers in sorted(best["per_domain"].items()):
             lines.append(f"| {domain} | {_fmt(numbers['acceptance_length'])} | {numbers['prompts']} |")
     if best and best.get("baseline_tokens_per_second"):
-        lines += ["", f"No-speculation baseline: {best['baseline_tokens_per_second']:.1f} tokens/s."]
+        when = (
+            f", {best['baseline_mode']}, measured {best['baseline_measured_at']}"
+            if best.get("baseline_mode")
+            else ""
+        )
+        lines += ["", f"No-speculation baseline: {best['baseline_tokens_per_second']:.1f} tokens/s{when}."]
+        if best.get("baseline_mode") == "cached":
+            lines.append(
+                "The checkpoints share that baseline, so a speedup compares runs made at different times; "
+                "`eagle3 evaluate --baseline interleaved` measures both sides back to back."
+            )
     lines += ["", *[f"![{name}]({name})" for name in plots], ""]
     path = workspace.reports_dir / "report.md"
     path.write_text("\n".join(lines))

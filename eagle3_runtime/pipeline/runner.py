@@ -173,8 +173,11 @@ class PipelineRunner:
             self._stage("evaluate", self.evaluate_argv(f"step-{step:08d}"))
         return steps
 
-    def evaluate_argv(self, checkpoint: str) -> list[str]:
-        """`eagle3 evaluate` arguments for a checkpoint (step-N or a draft directory) under this config."""
+    def evaluate_argv(self, checkpoint: str, *, baseline: str = "cached", rounds: int = 1) -> list[str]:
+        """`eagle3 evaluate` arguments for a checkpoint (step-N or a draft directory) under this config.
+
+        The pipeline's checkpoints share one cached baseline, measured on the generate server (one
+        vLLM start per checkpoint instead of two); their results say when it was measured."""
         c = self.config
         prompts = [arg for spec in c.eval_prompts for arg in ("--prompts", _source_arg(spec))]
         return [
@@ -182,5 +185,5 @@ class PipelineRunner:
             "--num-speculative-tokens", str(c.num_speculative_tokens),
             "--prompts-per-domain", str(c.local.eval_prompts_per_domain),
             "--max-tokens", str(c.local.eval_max_tokens), "--concurrency", str(c.local.eval_concurrency),
-            "--max-model-len", str(c.local.max_model_len),
+            "--max-model-len", str(c.local.max_model_len), "--baseline", baseline, "--rounds", str(rounds),
         ]  # fmt: skip

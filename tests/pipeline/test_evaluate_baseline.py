@@ -1,0 +1,91 @@
+"""`eagle3 evaluate`'s baseline: measured next to the candidate, rounds in ABBA order, and the
+result says when and under what load each side ran (issue 6: a speedup compares like with like).
+
+The real-vLLM test has `evaluate` serve the tiny target twice, side by side: with an untrained
+draft (acceptance does not matter here, only that speculation runs) and without speculation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+
+import pytest
+
+from eagle3_runtime.cli import build_parser
+from eagle3_runtime.evaluate import BASELINE, CANDIDATE, DomainRun, Round, SpecCounters, abba_order, pooled
+from eagle3_runtime.layout import StageResult
+from eagle3_runtime.pipeline.prompts import write_prompt_sets
+from eagle3_runtime.stages import evaluate
+from eagle3_runtime.vllm_server import log_tail
+from tests.runtime.test_vllm_acceptance import untrained_draft
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    full = ["evaluate", "--workspace", "w", "--target", "t", "--checkpoint", "step-1", "--prompts", "p.jsonl",
+            "--result-file", "r.json", *argv]  # fmt: skip
+    return build_parser(full).parse_args(full)
+
+
+def test_rounds_alternate_in_abba_order():
+    assert abba_order(1) == [CANDIDATE, BASELINE]
+    assert abba_order(3) == [CANDIDATE, BASELINE, BASELINE, CANDIDATE, CANDIDATE, BASELINE]
+
+
+def test_pooled_rounds_add_tokens_seconds_and_counters_per_domain():
+    def round_(tokens, seconds, drafts, accepted):
+        run = DomainRun(4, tokens, seconds, SpecCounters(drafts, 3 * drafts, accepted, {0: accepted}))
+        return Round(CANDIDATE, "2026-11-29T00:00:00+00:00", [0.0, 0.0, 0.0], {"code": run})
+
+    total = pooled([round_(100, 2.0, 40, 60), round_(50, 0.5, 20, 10)])["code"]
+    assert (total.prompts, total.tokens, total.seconds) == (4, 150, 2.5)
+    assert total.counters.acceptance_length == pytest.approx(1 + 70 / 60)
+
+
+def test_rounds_beyond_one_need_both_servers_up():
+    with pytest.raises(ValueError, match="--baseline interleaved"):
+        evaluate.run(_args("--rounds", "2"))  # adjacent: one server at a time
+    with pytest.raises(ValueError, match="--baseline interleaved"):
+        evaluate.run(_args("--rounds", "2", "--server", "http://127.0.0.1:1"))
+    with pytest.raises(ValueError, match="at least 1"):
+        evaluate.run(_args("--rounds", "0", "--baseline", "interleaved"))
+    assert _args().baseline == "adjacent"  # the default compares back to back
+
+
+@pytest.mark.slow
+def test_interleaved_rounds_record_when_and_under_what_load(tmp_path, tiny_target):
+    draft = untrained_draft(tiny_target, tmp_path / "draft")
+    prompts = write_prompt_sets(tmp_path / "prompts", corpus_megabytes=1.0)["eval"]
+    # evaluate starts both servers itself (the draft's and the bare target's) and keeps both up.
+    argv = ["evaluate", "--workspace", str(tmp_path / "ws"), "--target", str(tiny_target),
+            "--checkpoint", str(draft), "--prompts", f"{prompts / 'completion-code.jsonl'},mode=completion",
+            "--baseline", "interleaved", "--rounds", "2", "--prompts-per-domain", "2", "--max-tokens", "16",
+            "--result-file", str(tmp_path / "r.json")]  # fmt: skip
+    try:
+        result: StageResult = evaluate.run(build_parser(argv).parse_args(argv))
+    except BaseException:
+        for log in sorted((tmp_path / "ws" / "logs").glob("*.log")):
+            print(f"--- tail of {log} ---\n{log_tail(log)}")
+        raise
+
+    evaluation = json.loads((tmp_path / "ws" / result.artifacts["evaluation"]).read_text())
+    rounds = evaluation["rounds"]
+    assert [r["side"] for r in rounds] == [CANDIDATE, BASELINE, BASELINE, CANDIDATE]
+    starts = [datetime.fromisoformat(r["started_at"]) for r in rounds]
+    assert starts == sorted(starts) and all(s.tzinfo is not None for s in starts)
+    assert all(len(r["load_average"]) == 3 and r["tokens"] > 0 for r in rounds)
+    assert evaluation["baseline_mode"] == "interleaved"
+    assert evaluation["measured_at"] == rounds[0]["started_at"]
+    assert evaluation["baseline_measured_at"] == rounds[1]["started_at"]
+    assert evaluation["drafts"] > 0 and evaluation["acceptance_length"] >= 1.0
+
+    def pooled_rate(side):
+        chosen = [r for r in rounds if r["side"] == side]
+        return sum(r["tokens"] for r in chosen) / sum(r["seconds"] for r in chosen)
+
+    assert evaluation["tokens_per_second"] == pytest.approx(pooled_rate(CANDIDATE), rel=0.01)
+    assert evaluation["baseline_tokens_per_second"] == pytest.approx(pooled_rate(BASELINE), rel=0.01)
+    assert result.metrics["speedup"] == pytest.approx(
+        pooled_rate(CANDIDATE) / pooled_rate(BASELINE), rel=0.02
+    )
