@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTEST_ARGS ?=
 
-.PHONY: help env testbed test lint cluster demo crds
+.PHONY: help env testbed test test-gpu lint cluster demo crds
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ test: ## install what is missing (env, test bed, tiny target), then run the whol
 	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
 	  EAGLE3_TESTBED_BIN=$$bin PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+test-gpu: ## the GPU tests (tests/gpu), in the current python3 with a CUDA PyTorch, on a GPU machine
+	@python3 -m pytest -o addopts="-ra --strict-markers" --noconftest -p no:cacheprovider tests/gpu
 
 lint: ## ruff check
 	@venv=$$(hack/python-env.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .

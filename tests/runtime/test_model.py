@@ -29,9 +29,12 @@ def tiny_target_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
-def tiny_draft(draft_vocab_size=20, seed=0, num_layers=1) -> Eagle3Draft:
+def tiny_draft(draft_vocab_size=20, seed=0, num_layers=1, **target_overrides) -> Eagle3Draft:
     config = draft_config_from_target(
-        tiny_target_config(), layer_ids="auto", draft_vocab_size=draft_vocab_size, num_layers=num_layers
+        tiny_target_config(**target_overrides),
+        layer_ids="auto",
+        draft_vocab_size=draft_vocab_size,
+        num_layers=num_layers,
     )
     draft = Eagle3Draft(config)
     init_weights(draft, seed)

@@ -23,7 +23,16 @@ VOCAB, HIDDEN = 64, 32
 
 
 def make_trainer(
-    workspace, *, steps=8, checkpoint_every=0, num_samples=12, hidden=HIDDEN, draft_vocab=48, **kw
+    workspace,
+    *,
+    steps=8,
+    checkpoint_every=0,
+    num_samples=12,
+    hidden=HIDDEN,
+    draft_vocab=48,
+    device="cpu",
+    head_dim=8,
+    **kw,
 ):
     target = synthetic_target(VOCAB, HIDDEN)
     config = LlamaConfig(
@@ -31,7 +40,7 @@ def make_trainer(
         intermediate_size=64,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
+        head_dim=head_dim,
         num_hidden_layers=4,
         vocab_size=VOCAB,
         max_position_embeddings=512,
@@ -62,7 +71,7 @@ def make_trainer(
         embeddings=target["embeddings"],
         target_head=TargetHead(target["norm"], target["lm_head"], config.rms_norm_eps),
         source=source,
-        context=init_distributed("cpu"),
+        context=init_distributed(device),
         workspace=Workspace(workspace) if workspace else None,
         show_progress_bar=False,
     )
