@@ -43,6 +43,11 @@ TRAINING_LAST_PROGRESS = Gauge(
     "Unix time of the latest progress record of a running DraftTraining.",
     TRAINING_LABELS,
 )
+# kube-state-metrics style (kube_pod_status_phase): 1 on the current phase; a left phase's series
+# is removed. Alerts join on it, e.g. "stalled" only while Running.
+TRAINING_PHASE = Gauge(
+    "eagle3_draft_training_phase", "1 for a DraftTraining's current phase.", [*TRAINING_LABELS, "phase"]
+)
 _TRAINING_GAUGES = (
     TRAINING_STEP,
     TRAINING_TOTAL_STEPS,
@@ -105,7 +110,9 @@ def _timestamp(text: str | None) -> float | None:
 def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
     """Training gauges from a DraftTraining's status."""
     labels = (namespace, name)
-    PHASES.set("DraftTraining", namespace, name, status.get("phase"))
+    phase = status.get("phase")
+    PHASES.set("DraftTraining", namespace, name, phase)
+    _set_training_phase(namespace, name, phase)
     train = next((s for s in status.get("stages") or [] if s.get("name") == "train"), {})
     progress = status.get("progress") or {}
     from_progress = progress.get("stage") == "train"
@@ -136,8 +143,17 @@ def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
             gauge.labels(*labels).set(float(value))
 
 
+def _set_training_phase(namespace: str, name: str, phase: str | None) -> None:
+    for labels in list(TRAINING_PHASE._metrics):  # noqa: SLF001 - drop this object's other phases
+        if labels[:2] == (namespace, name) and labels[2] != phase:
+            TRAINING_PHASE.remove(*labels)
+    if phase is not None:
+        TRAINING_PHASE.labels(namespace, name, phase).set(1)
+
+
 def forget_training(namespace: str, name: str) -> None:
     PHASES.set("DraftTraining", namespace, name, None)
+    _set_training_phase(namespace, name, None)
     for gauge in _TRAINING_GAUGES:
         with suppress(KeyError):
             gauge.remove(namespace, name)

@@ -122,6 +122,10 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
         operator.metric("eagle3_operator_resources", kind="DraftTraining", namespace=ns, phase="Succeeded")
         == 1
     )
+    # The phase series moved on: the stall alert joins on phase="Running" and stays quiet now.
+    phase = {p: operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase=p)
+             for p in ("Running", "Succeeded")}  # fmt: skip
+    assert phase == {"Running": 0, "Succeeded": 1}, phase
 
 
 def _report_progress(cluster, ns, operator) -> None:
@@ -145,6 +149,7 @@ def _report_progress(cluster, ns, operator) -> None:
     assert body["status"]["progress"]["accuracyPerPosition"] == [0.5, 0.3]
     assert operator.metric("eagle3_draft_training_step", namespace=ns, name="llama") == 40
     assert operator.metric("eagle3_draft_training_loss", namespace=ns, name="llama") == 2.5
+    assert operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase="Running") == 1
 
 
 def test_unchanged_objects_get_zero_writes_on_re_reconcile(crds, manual_namespace, start_operator):
@@ -195,7 +200,7 @@ def test_unchanged_objects_get_zero_writes_on_re_reconcile(crds, manual_namespac
 def test_failed_stage_is_reported_and_retried_after_a_spec_edit(crds, manual_namespace, start_operator):
     cluster, ns = crds, manual_namespace
     prepare_training_volumes(cluster, ns)
-    start_operator(ns)
+    operator = start_operator(ns)
     body = training_body(ns, runtime={"backoffLimit": 0})
     cluster.request("POST", draft_training_path(ns), body)
     pod = wait_for_stage_pods(cluster, ns, ["llama-generate"])["llama-generate"][0]
@@ -220,6 +225,9 @@ def test_failed_stage_is_reported_and_retried_after_a_spec_edit(crds, manual_nam
         what="Warning",
     )
     assert [e["reason"] for e in warnings] == ["StageFailed"]
+    failed_phase = {p: operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase=p)
+                    for p in ("Running", "Failed")}  # fmt: skip
+    assert failed_phase == {"Running": 0, "Failed": 1}, failed_phase
 
     patch = {"spec": {"data": {"sources": [{"claimName": "prompts", "path": "fixed.jsonl"}]}}}
     cluster.request("PATCH", draft_training_path(ns, "llama"), patch)

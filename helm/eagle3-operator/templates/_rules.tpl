@@ -93,6 +93,7 @@ groups:
       - alert: Eagle3DraftTrainingStalled
         expr: |
           (time() - eagle3_draft_training_last_progress_timestamp_seconds > {{ .stalledAfterSeconds }})
+          and on (namespace, name) (eagle3_draft_training_phase{phase="Running"} == 1)
           unless on (namespace, name)
           (eagle3_draft_training_step >= eagle3_draft_training_total_steps)
         for: {{ .for | default "5m" }}
