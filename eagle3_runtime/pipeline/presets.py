@@ -17,7 +17,8 @@ from eagle3_runtime.pipeline.prompts import DOMAINS, mode_of, write_prompt_sets
 PRESETS = ("tiny-cpu",)
 
 
-def _sources(directory: Path) -> list[SourceSpec]:
+def domain_sources(directory: Path) -> list[SourceSpec]:
+    """One source per domain file of a prompt set written by write_prompt_sets."""
     return [SourceSpec(path=str(directory / f"{d}.jsonl"), mode=mode_of(d), domain=d) for d in DOMAINS]
 
 
@@ -27,8 +28,8 @@ def tiny_cpu(workspace: Path) -> PipelineConfig:
     prompts = write_prompt_sets(workspace / "prompts")
     return PipelineConfig(
         target=str(ensure_tiny_target()),
-        sources=_sources(prompts["train"]),
-        eval_prompts=_sources(prompts["eval"]),
+        sources=domain_sources(prompts["train"]),
+        eval_prompts=domain_sources(prompts["eval"]),
         num_samples=384,
         max_tokens=128,
         temperature=0.0,
