@@ -22,3 +22,19 @@ def test_report_names_steps_or_epochs_with_the_steps_they_made(tmp_path):
     assert "; 3 epochs (37 training steps) (" in by_epochs
     assert "None" not in by_epochs.split("\n")[2]
     assert (tmp_path / "b" / "reports" / "training-curves.png").stat().st_size > 0
+
+
+def test_report_says_when_a_shared_baseline_was_measured(tmp_path):
+    workspace = Workspace(tmp_path)
+    workspace.evaluations_dir.mkdir(parents=True)
+    evaluation = {
+        "step": 37, "acceptance_length": 2.5, "acceptance_per_position": [0.7, 0.5, 0.3], "tokens_per_second": 90.0,
+        "speedup": 1.2, "per_domain": {"code": {"acceptance_length": 2.5, "prompts": 8}},
+        "baseline_tokens_per_second": 75.0, "baseline_mode": "cached",
+        "baseline_measured_at": "2026-11-29T13:00:00+00:00",
+    }  # fmt: skip
+    workspace.evaluation_file(37).write_text(json.dumps(evaluation))
+    workspace.selection_file.write_text(json.dumps({"step": 37}))
+    report = _report(tmp_path, steps=37)
+    assert "75.0 tokens/s, cached, measured 2026-11-29T13:00:00+00:00." in report
+    assert "compares runs made at different times" in report
