@@ -17,6 +17,7 @@ import torch
 from transformers import LlamaConfig
 
 from eagle3_runtime.model.config import draft_config_from_target
+from eagle3_runtime.model.loss import ttt_loss
 from eagle3_runtime.model.vocab import DraftVocab
 from eagle3_runtime.target import TargetHead
 from eagle3_runtime.train.distributed import init_distributed
@@ -41,6 +42,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--ttt-steps", type=int, default=3)
+    parser.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="torch.compile the TTT loss (default: the trainer's default for the device)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = LlamaConfig(**TINY)
@@ -52,6 +57,7 @@ def main() -> None:
         batch_tokens=2 * args.seq_len,
         seq_len=args.seq_len,
         ttt_steps=args.ttt_steps,
+        compile=args.compile,
     )
     trainer = DraftTrainer(
         settings=settings,
@@ -78,6 +84,7 @@ def main() -> None:
                 "threads": args.threads,
                 "seq_len": args.seq_len,
                 "ttt_steps": args.ttt_steps,
+                "compile": trainer.loss_fn is not ttt_loss,
                 "torch": torch.__version__,
                 "cpu": platform.processor() or platform.machine(),
             }

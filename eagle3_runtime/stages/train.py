@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=2048, help="packed row length")
     parser.add_argument("--warmup-steps", type=int, default=None)
     parser.add_argument("--attention", choices=["auto", "eager", "flex"], default="auto")
+    parser.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="torch.compile the TTT loss; auto: on GPU, and on CPU for runs long enough to pay for it",
+    )
 
 
 def _offline_token_records(directory: Path) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -204,6 +210,7 @@ def run(args: argparse.Namespace) -> StageResult:
         seed=args.seed,
         warmup_steps=args.warmup_steps,
         attention=args.attention,
+        compile={"auto": None, "on": True, "off": False}[args.compile],
     )
     settings.steps = _total_steps(args, lengths, settings)
     trainer = DraftTrainer(

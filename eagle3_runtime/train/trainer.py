@@ -49,7 +49,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     attention: str = "auto"  # eager | flex | auto (flex on GPU)
-    compile: bool | None = None  # torch.compile the whole TTT unroll and loss; default: on GPU
+    compile: bool | None = None  # torch.compile the whole TTT unroll and loss; None: `compile_by_default`
     freeze_lm_head: bool = False  # speculators' recipe: lm_head stays the target's rows
     init_checkpoint: str | None = None  # warm start from this draft (train/initialization.py)
     epochs: int | None = None  # what `steps` was derived from, when given in epochs (recorded only)
@@ -64,6 +64,15 @@ class TrainSettings:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, self.steps - warmup)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+# The CPU compile takes about a minute on 2 cores and makes a step about 2x faster
+# (docs/benchmarks.md): it pays back after a few dozen steps, while short runs (tests) stay eager.
+CPU_COMPILE_MIN_STEPS = 50
+
+
+def compile_by_default(settings: TrainSettings, device: torch.device) -> bool:
+    return device.type == "cuda" or settings.steps >= CPU_COMPILE_MIN_STEPS
 
 
 class DraftTrainer:
@@ -123,7 +132,9 @@ class DraftTrainer:
             self.initialization = warm_start(draft, settings.init_checkpoint, vocab)
             log.info("warm start: %s", self.initialization)
         draft.lm_head.weight.requires_grad_(not settings.freeze_lm_head)
-        compile_loss = settings.compile if settings.compile is not None else device.type == "cuda"
+        compile_loss = (
+            settings.compile if settings.compile is not None else compile_by_default(settings, device)
+        )
         self.loss_fn = compiled_ttt_loss() if compile_loss else ttt_loss
         if compile_loss:
             log.info("the first step compiles the training step (a minute or two)")
