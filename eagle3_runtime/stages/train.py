@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compile",
         choices=["auto", "on", "off"],
         default="auto",
-        help="torch.compile the TTT loss; auto: on GPU, and on CPU for runs long enough to pay for it",
+        help="torch.compile the TTT loss; auto: on GPU, and on CPU for runs of 100+ steps (it pays back there)",
     )
 
 

@@ -66,9 +66,9 @@ class TrainSettings:
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-# The CPU compile takes about a minute on 2 cores and makes a step about 2x faster
-# (docs/benchmarks.md): it pays back after a few dozen steps, while short runs (tests) stay eager.
-CPU_COMPILE_MIN_STEPS = 50
+# On 2 CPU cores the compile takes about a minute and makes a step about 1.3x faster
+# (docs/benchmarks.md): it pays back after about 60 steps, so shorter runs (most tests) stay eager.
+CPU_COMPILE_MIN_STEPS = 100
 
 
 def compile_by_default(settings: TrainSettings, device: torch.device) -> bool:
