@@ -435,6 +435,10 @@ class TrainingPlanner:
                     *common, "--target", model, "--checkpoint", f"step-{step:08d}",
                     "--prompts", f"/prompts/{prompts.path}{mode}",
                     "--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens),
+                    # One baseline per prompt set, shared by every checkpoint's Job: a second vLLM
+                    # start per checkpoint would double the evaluators' GPU time for a number
+                    # that does not pick the checkpoint (acceptance length does).
+                    "--baseline", "cached",
                 ]  # fmt: skip
                 if spec.target.max_model_len:
                     args += ["--max-model-len", str(spec.target.max_model_len)]
