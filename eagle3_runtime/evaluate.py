@@ -243,8 +243,9 @@ def measure_round(
     runs = asyncio.run(
         run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
     )
-    log.info("%s round: %s", side, Round(side, started_at, load, runs).record())
-    return Round(side, started_at, load, runs)
+    measured = Round(side, started_at, load, runs)
+    log.info("%s round: %s", side, measured.record())
+    return measured
 
 
 def abba_order(pairs: int) -> list[str]:

@@ -111,7 +111,6 @@ def ttt_loss(
     draft_ids: torch.Tensor | None,
     attention_backend: str = "eager",
     reduce_counts: Callable[[torch.Tensor], torch.Tensor] = lambda counts: counts,
-    kl: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = soft_kl,
     gather_counted: bool = True,
 ) -> tuple[torch.Tensor, TTTStats]:
     """Loss of one batch, normalised by the counted slots of all ranks (`reduce_counts`).
@@ -141,13 +140,13 @@ def ttt_loss(
         if gather_counted:
             # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
             logits = draft.logits(hidden[mask])
-            kl_sum = kl(logits, targets[mask]).sum()
+            kl_sum = soft_kl(logits, targets[mask]).sum()
             correct = torch.zeros_like(mask)
             correct[mask] = logits.argmax(-1) == choice[mask]
         else:
             # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
             logits = draft.logits(hidden)
-            kl_sum = torch.where(mask, kl(logits, targets), 0.0).sum()
+            kl_sum = torch.where(mask, soft_kl(logits, targets), 0.0).sum()
             correct = (logits.argmax(-1) == choice) & mask
         loss = loss + decay**i * kl_sum / global_counts[i].clamp(min=1)
         with torch.no_grad():
