@@ -2,10 +2,13 @@
 
     python benchmarks/trainer/gpu_step.py --impl all          # peak matmul, ours, speculators
     torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours   # FSDP2 path
+    # equal global batch: 1 GPU x 2 rows against 2 GPUs x 1 row (compare with loss_curves.py)
+    torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours --rows-per-rank 2 --out a.json
+    torchrun --nproc-per-node 2 benchmarks/trainer/gpu_step.py --impl ours --rows-per-rank 1 --out b.json
 
 Shapes (Llama-3-8B-like target): hidden 4096, 32 heads / 8 KV heads, MLP 14336, target vocab
-128256, draft vocab 32000, one packed row of 2048 tokens per GPU, 7 TTT steps, synthetic
-target states. Both implementations get the same device-resident batches, bf16 autocast over
+128256, draft vocab 32000, packed rows of 2048 tokens (one per GPU unless --rows-per-rank), 7 TTT
+steps, synthetic target states (a pool of distinct rows; each rank takes its own slice of a step). Both implementations get the same device-resident batches, bf16 autocast over
 fp32 master weights, fused AdamW, grad clipping at 1.0; each is warmed up (compiled) first.
 
 Model FLOPs per token (for MFU) count what the step must compute: the draft's matmuls
@@ -123,13 +126,28 @@ def synthetic_batches(count: int, seq_len: int, device):
     return target, counts, batches
 
 
+def rank_batches(pool: list[dict], rows_per_rank: int, rank: int, world_size: int) -> list[dict]:
+    """This rank's share of each step's global batch, cycling through the pool.
+
+    Step k takes global rows k*G .. k*G+G-1 (G = rows_per_rank * world_size), rank r the slice
+    r*rows_per_rank onwards: 1 GPU x 2 rows and 2 GPUs x 1 row train on the same global batches.
+    """
+    global_rows = rows_per_rank * world_size
+    if len(pool) % global_rows:
+        raise ValueError(f"a pool of {len(pool)} rows does not divide into global batches of {global_rows}")
+    batches = []
+    for first in range(0, len(pool), global_rows):
+        rows = pool[first + rank * rows_per_rank : first + (rank + 1) * rows_per_rank]
+        batches.append({key: torch.cat([row[key] for row in rows]) for key in rows[0]})
+    return batches
+
+
 def timed(step, batches, warmup: int, steps: int) -> tuple[float, list[float]]:
-    losses = []
-    for i in range(warmup):
-        step(batches[i % len(batches)])
+    """Seconds of the `steps` after `warmup`, and the loss of every step (warmup included)."""
+    losses = [step(batches[i % len(batches)]) for i in range(warmup)]
     sync()
     started = time.perf_counter()
-    for i in range(steps):
+    for i in range(warmup, warmup + steps):
         losses.append(step(batches[i % len(batches)]))
     sync()
     return time.perf_counter() - started, losses
@@ -157,12 +175,13 @@ def run_ours(args, target, counts, batches):
     from eagle3_runtime.train.trainer import DraftTrainer, TrainSettings
 
     context = init_distributed()
+    batches = rank_batches(batches, args.rows_per_rank, context.rank, context.world_size)
     vocab = build_draft_vocab(counts, DRAFT_VOCAB)
     draft_config = draft_config_from_target(target_config(), layer_ids="auto", draft_vocab_size=DRAFT_VOCAB)
     settings = TrainSettings(
         steps=10**6,
         learning_rate=1e-4,
-        batch_tokens=args.seq_len * context.world_size,
+        batch_tokens=args.seq_len * args.rows_per_rank * context.world_size,
         seq_len=args.seq_len,
         ttt_steps=args.ttt_steps,
         warmup_steps=1,
@@ -190,17 +209,18 @@ def run_ours(args, target, counts, batches):
             target_logits=head(b["last"]),
             predict_mask=b["loss_mask"],
             document_ids=torch.zeros_like(b["input_ids"]),
-            positions=torch.arange(seq, device=b["input_ids"].device)[None],
+            positions=torch.arange(seq, device=b["input_ids"].device).expand_as(b["input_ids"]),
         )
-        return trainer.optimize(batch, seq, time.perf_counter())["loss"]
+        return trainer.optimize(batch, b["input_ids"].numel(), time.perf_counter())["loss"]
 
     elapsed, losses = timed(step, batches, args.warmup, args.steps)
     if args.profile:
         profile_steps(step, batches, args.profile)
     return {
-        "tokens_per_second": args.steps * seq * context.world_size / elapsed,
+        "tokens_per_second": args.steps * seq * args.rows_per_rank * context.world_size / elapsed,
         "losses": losses,
         "world_size": context.world_size,
+        "rows_per_rank": args.rows_per_rank,
         "peak_memory_gib": peak_memory_gib(),
         "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before,
     }
@@ -312,6 +332,18 @@ def main() -> None:
     parser.add_argument(
         "--freeze-lm-head", action="store_true", help="speculators' recipe (lm_head not trained)"
     )
+    parser.add_argument(
+        "--rows-per-rank",
+        type=int,
+        default=1,
+        help="ours: packed rows per GPU per step (global batch = x world)",
+    )
+    parser.add_argument(
+        "--pool",
+        type=int,
+        default=8,
+        help="distinct synthetic rows the steps cycle through (all ranks together)",
+    )
     parser.add_argument("--out", default=None, help="write the JSON result here too")
     parser.add_argument("--profile", default=None, help="ours: write a kernel-time table of 3 steps here")
     parser.add_argument("--tiny", action="store_true", help="small shapes: a CPU dry run of the code paths")
@@ -332,6 +364,8 @@ def main() -> None:
         "seq_len": args.seq_len,
         "ttt_steps": args.ttt_steps,
         "steps": args.steps,
+        "warmup": args.warmup,
+        "rows_per_rank": args.rows_per_rank,
         "freeze_lm_head": args.freeze_lm_head,
         "speculators_attention": args.speculators_attention,
         "speculators_loss": args.speculators_loss,
@@ -353,7 +387,7 @@ def main() -> None:
             if DEVICE == "cuda"
             else torch.device("cpu")
         )
-        target, counts, batches = synthetic_batches(4, args.seq_len, device)
+        target, counts, batches = synthetic_batches(args.pool, args.seq_len, device)
         for name, run in (("ours", run_ours), ("speculators", run_speculators)):
             if args.impl not in ("all", name):
                 continue
