@@ -62,11 +62,18 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
 
         def available() -> dict[str, Any] | None:
             body = get(cluster, spec_decode_path(work, "serve")) or {}
-            # The target serves before the draft rolls in: wait for both.
+            # The target serves before the draft rolls in: wait for both, and for the roll-in's
+            # rolling update to finish (the old and the new pod are both ready during it).
             ready = all(condition(body, c).get("status") == "True" for c in ("Available", "DraftResolved"))
-            return body if ready else None
+            rolled_out = condition(body, "Progressing").get("reason") == "RolloutComplete"
+            return body if ready and rolled_out else None
 
-        serving = wait_until(available, timeout=120, interval=0.5, what="SpecDecodeDeployment Available")
+        serving = wait_until(
+            available,
+            timeout=120,
+            interval=0.5,
+            what="SpecDecodeDeployment Available with the draft rolled out",
+        )
         assert condition(serving, "DraftResolved").get("status") == "True"
         assert serving["status"]["readyReplicas"] == 1
         # Every pod command the operator wrote runs in the image it names.

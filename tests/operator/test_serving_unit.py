@@ -109,3 +109,35 @@ def test_availability_from_the_deployment():
     body["status"] = plan.status
     again = plan_serving(body, observed)
     assert again.status == plan.status and again.events == []
+
+
+def test_a_new_template_is_progressing_until_the_deployment_has_it():
+    body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
+    training = {"metadata": {"name": "llama"}, "status": {"phase": "Running", "stage": "train"}}
+    alone = _deployment(plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training)))
+    settled_alone = fakes.ready_deployment(alone)
+    plan = plan_serving(
+        body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=settled_alone)
+    )
+    assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
+    training["status"] = {
+        "phase": "Succeeded",
+        "bestCheckpoint": {"step": 900, "acceptanceLength": 2.7},
+        "export": {"uri": "pvc://llama-workspace/export", "claimName": "llama-workspace", "path": "export"},
+    }
+    # The draft resolves while the live Deployment, settled, still runs the target alone.
+    plan = plan_serving(
+        body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=settled_alone)
+    )
+    with_draft = _deployment(plan)
+    assert _spec_config(with_draft) is not None
+    progressing = _condition(plan.status, "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut"), progressing
+    assert _condition(plan.status, "Available")["status"] == "True", "the old pods still serve"
+    done = plan_serving(
+        body,
+        ServingObserved(
+            now=fakes.NOW, draft_training=training, deployment=fakes.ready_deployment(with_draft)
+        ),
+    )
+    assert _condition(done.status, "Progressing")["reason"] == "RolloutComplete"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from eagle3_operator import API_VERSION
@@ -15,6 +16,9 @@ DRAFT_TRAINING_LABEL = "eagle3.ai/draft-training"
 SPEC_DECODE_LABEL = "eagle3.ai/spec-decode-deployment"
 STAGE_LABEL = "eagle3.ai/stage"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On a Deployment: the hash of the pod template the operator last applied. A live Deployment with
+# another hash has not received the new template yet, however settled its status looks.
+TEMPLATE_HASH_ANNOTATION = "eagle3.ai/pod-template-hash"
 MAX_NAME = 63
 
 
@@ -24,6 +28,10 @@ def dns_label(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     return f"{name[: MAX_NAME - 9].rstrip('-')}-{digest}"
+
+
+def content_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def labels(instance: str, component: str, owner_label: str) -> dict[str, str]:

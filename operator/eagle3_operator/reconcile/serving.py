@@ -99,14 +99,17 @@ class ServingPlanner:
             config = speculative_config(draft_path, spec.num_speculative_tokens, spec.draft.revision)
             args += ["--speculative-config", config]
         pod_spec = vllm_pod_spec(target, args, mounts, spec.scheduling)
+        template = {"metadata": {"labels": self.labels}, "spec": pod_spec}
+        metadata = meta.object_meta(self.body, self.name, self.labels)
+        metadata["annotations"] = {meta.TEMPLATE_HASH_ANNOTATION: meta.content_hash(template)}
         deployment = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": meta.object_meta(self.body, self.name, self.labels),
+            "metadata": metadata,
             "spec": {
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": self.selector},
-                "template": {"metadata": {"labels": self.labels}, "spec": pod_spec},
+                "template": template,
             },
         }
         return deployment, draft_path
@@ -197,7 +200,7 @@ class ServingPlanner:
             plan.events.append(Event("Normal", draft.reason, draft.message))
         available, reason, message = self._availability(ready)
         set_condition(conditions, "Available", available, reason, message, gen, now)
-        progressing, reason, message = self._progressing()
+        progressing, reason, message = self._progressing(deployment)
         set_condition(conditions, "Progressing", progressing, reason, message, gen, now)
         previous_available = get_condition(old.get("conditions") or [], "Available")
         if previous_available and previous_available.get("status") != ("True" if available else "False"):
@@ -218,10 +221,18 @@ class ServingPlanner:
             return True, "ReplicasReady", f"{ready}/{wanted} vLLM replicas ready"
         return False, "NoReadyReplicas", f"0/{wanted} vLLM replicas ready"
 
-    def _progressing(self) -> tuple[bool, str, str]:
+    def _progressing(self, desired: dict[str, Any]) -> tuple[bool, str, str]:
         deployment = self.observed.deployment
         if deployment is None:
             return True, "Creating", "creating the vLLM Deployment"
+        annotations = deployment["metadata"].get("annotations") or {}
+        if (
+            annotations.get(meta.TEMPLATE_HASH_ANNOTATION)
+            != desired["metadata"]["annotations"][meta.TEMPLATE_HASH_ANNOTATION]
+        ):
+            # This reconcile applies a new template (a draft rolling in, a changed spec): the live
+            # status still describes the old one.
+            return True, "RollingOut", "applying a new vLLM pod template"
         status = deployment.get("status") or {}
         wanted = self.sdd.spec.replicas
         settled = (
