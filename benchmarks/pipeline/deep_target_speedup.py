@@ -133,14 +133,15 @@ def run(args: argparse.Namespace) -> None:
             measured_config = dataclasses.replace(config, local=local, num_speculative_tokens=k)
             runner = PipelineRunner(measured_config, workspace)
             # evaluate keeps one result per draft directory name: one copy of the export per setting.
-            draft = workspace / f"export-k{k}-c{concurrency}"
+            setting = f"k{k}-c{concurrency}{'-' + args.tag if args.tag else ''}"
+            draft = workspace / f"export-{setting}"
             if not draft.exists():
                 shutil.copytree(runner.workspace.export_dir, draft)
             # Both servers up at once, rounds in ABBA order: a changing machine load favours neither.
             argv = runner.evaluate_argv(str(draft), baseline="interleaved", rounds=args.rounds)
-            measured = run_stage("evaluate", argv, workspace / "results" / f"speedup-k{k}-c{concurrency}")
+            measured = run_stage("evaluate", argv, workspace / "results" / f"speedup-{setting}")
             evaluation = json.loads((workspace / measured.artifacts["evaluation"]).read_text())
-            summary["measurements"][f"k{k}-c{concurrency}"] = {
+            summary["measurements"][setting] = {
                 **measured.metrics,
                 "num_speculative_tokens": k,
                 "concurrency": concurrency,
@@ -196,6 +197,9 @@ def main() -> None:
     )
     run_parser.add_argument("--prompts-per-domain", type=int, default=8)
     run_parser.add_argument("--max-tokens", type=int, default=128)
+    run_parser.add_argument(
+        "--tag", default="", help="measure again under this name (a setting's result is otherwise kept)"
+    )
     args = parser.parse_args()
     build(args) if args.command == "build" else run(args)
 
