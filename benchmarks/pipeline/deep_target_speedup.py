@@ -177,10 +177,10 @@ def main() -> None:
         "--speculative-tokens",
         type=int,
         nargs="+",
-        default=[3],
+        default=[3, 4],
         help="num_speculative_tokens values to measure",
     )
-    run_parser.add_argument("--rounds", type=int, default=2, help="candidate/baseline pairs (ABBA order)")
+    run_parser.add_argument("--rounds", type=int, default=4, help="candidate/baseline pairs (ABBA order)")
     run_parser.add_argument("--num-samples", type=int, default=2688, help="on-policy samples for the draft")
     run_parser.add_argument(
         "--prompt-seeds",
