@@ -53,14 +53,13 @@ def test_rounds_beyond_one_need_both_servers_up():
     assert _args().baseline == "adjacent"  # the default compares back to back
 
 
-@pytest.mark.slow
-def test_interleaved_rounds_record_when_and_under_what_load(tmp_path, tiny_target):
+def _evaluate_tiny(tmp_path, tiny_target, *baseline_args: str) -> tuple[StageResult, dict]:
+    """`eagle3 evaluate` of an untrained draft on the tiny target; evaluate starts the servers."""
     draft = untrained_draft(tiny_target, tmp_path / "draft")
     prompts = write_prompt_sets(tmp_path / "prompts", corpus_megabytes=1.0)["eval"]
-    # evaluate starts both servers itself (the draft's and the bare target's) and keeps both up.
     argv = ["evaluate", "--workspace", str(tmp_path / "ws"), "--target", str(tiny_target),
             "--checkpoint", str(draft), "--prompts", f"{prompts / 'completion-code.jsonl'},mode=completion",
-            "--baseline", "interleaved", "--rounds", "2", "--prompts-per-domain", "2", "--max-tokens", "16",
+            *baseline_args, "--prompts-per-domain", "2", "--max-tokens", "16",
             "--result-file", str(tmp_path / "r.json")]  # fmt: skip
     try:
         result: StageResult = evaluate.run(build_parser(argv).parse_args(argv))
@@ -68,8 +67,13 @@ def test_interleaved_rounds_record_when_and_under_what_load(tmp_path, tiny_targe
         for log in sorted((tmp_path / "ws" / "logs").glob("*.log")):
             print(f"--- tail of {log} ---\n{log_tail(log)}")
         raise
+    return result, json.loads((tmp_path / "ws" / result.artifacts["evaluation"]).read_text())
 
-    evaluation = json.loads((tmp_path / "ws" / result.artifacts["evaluation"]).read_text())
+
+@pytest.mark.slow
+def test_interleaved_rounds_record_when_and_under_what_load(tmp_path, tiny_target):
+    # Both servers (the draft's and the bare target's) stay up for all rounds.
+    result, evaluation = _evaluate_tiny(tmp_path, tiny_target, "--baseline", "interleaved", "--rounds", "2")
     rounds = evaluation["rounds"]
     assert [r["side"] for r in rounds] == [CANDIDATE, BASELINE, BASELINE, CANDIDATE]
     starts = [datetime.fromisoformat(r["started_at"]) for r in rounds]
@@ -88,4 +92,21 @@ def test_interleaved_rounds_record_when_and_under_what_load(tmp_path, tiny_targe
     assert evaluation["baseline_tokens_per_second"] == pytest.approx(pooled_rate(BASELINE), rel=0.01)
     assert result.metrics["speedup"] == pytest.approx(
         pooled_rate(CANDIDATE) / pooled_rate(BASELINE), rel=0.02
+    )
+
+
+@pytest.mark.slow
+def test_adjacent_baseline_runs_one_server_at_a_time(tmp_path, tiny_target):
+    result, evaluation = _evaluate_tiny(tmp_path, tiny_target)  # --baseline adjacent is the default
+    candidate, baseline = evaluation["rounds"]
+    assert (candidate["side"], baseline["side"]) == (CANDIDATE, BASELINE)
+    assert evaluation["baseline_mode"] == "adjacent"
+    assert evaluation["baseline_measured_at"] == baseline["started_at"] > candidate["started_at"]
+    # The draft's server was gone (its log closed with its shutdown) before the baseline round began.
+    candidate_log = tmp_path / "ws" / "logs" / "evaluate-draft-vllm.log"  # named after the draft dir
+    last_write = datetime.fromtimestamp(candidate_log.stat().st_mtime).astimezone()
+    assert last_write < datetime.fromisoformat(baseline["started_at"]), (candidate_log, last_write)
+    assert evaluation["drafts"] > 0 and baseline["tokens"] > 0
+    assert result.metrics["speedup"] == pytest.approx(
+        evaluation["tokens_per_second"] / evaluation["baseline_tokens_per_second"], rel=0.02
     )
