@@ -14,8 +14,6 @@ ABBA order (candidate, baseline, baseline, candidate, ...) so a drifting load fa
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import os
 import time
@@ -33,6 +31,7 @@ from eagle3_runtime.generate import (
     generate_one,
     load_prompts,
 )
+from eagle3_runtime.layout import content_hash
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +167,7 @@ def prompt_domains(sources: list[SourceSpec], per_domain: int) -> dict[str, list
 
 def prompt_set_key(sources: list[SourceSpec], per_domain: int, max_tokens: int, concurrency: int) -> str:
     """Identifies a prompt set + settings, so a baseline measured once is reused for every checkpoint."""
-    text = json.dumps([[asdict(s) for s in sources], per_domain, max_tokens, concurrency], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return content_hash([[asdict(s) for s in sources], per_domain, max_tokens, concurrency])
 
 
 def summarise(runs: dict[str, DomainRun], num_speculative_tokens: int) -> dict:

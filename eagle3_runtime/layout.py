@@ -9,6 +9,7 @@ import torch or vLLM.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -106,3 +107,8 @@ def write_json_atomic(path: str | os.PathLike[str], payload: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
     os.replace(tmp, path)
+
+
+def content_hash(obj: Any) -> str:
+    """A short, stable hash of a JSON-serialisable value (key order does not matter)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

@@ -8,8 +8,9 @@
 
 Shapes (Llama-3-8B-like target): hidden 4096, 32 heads / 8 KV heads, MLP 14336, target vocab
 128256, draft vocab 32000, packed rows of 2048 tokens (one per GPU unless --rows-per-rank), 7 TTT
-steps, synthetic target states (a pool of distinct rows; each rank takes its own slice of a step). Both implementations get the same device-resident batches, bf16 autocast over
-fp32 master weights, fused AdamW, grad clipping at 1.0; each is warmed up (compiled) first.
+steps, synthetic target states (a pool of distinct rows; each rank takes its own slice of a
+step). Both implementations get the same device-resident batches, bf16 autocast over fp32
+master weights, fused AdamW, grad clipping at 1.0; each is warmed up (compiled) first.
 
 Model FLOPs per token (for MFU) count what the step must compute: the draft's matmuls
 forward and backward (weight and input gradients; `fc` has no input gradient), attention

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 from eagle3_operator import API_VERSION
+from eagle3_runtime.layout import content_hash
 from eagle3_runtime.progress import PROGRESS_ANNOTATION
 
-__all__ = ["PROGRESS_ANNOTATION"]
+__all__ = ["PROGRESS_ANNOTATION", "content_hash"]
 
 MANAGED_BY = "eagle3-operator"
 DRAFT_TRAINING_LABEL = "eagle3.ai/draft-training"
@@ -28,10 +28,6 @@ def dns_label(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     return f"{name[: MAX_NAME - 9].rstrip('-')}-{digest}"
-
-
-def content_hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def labels(instance: str, component: str, owner_label: str) -> dict[str, str]:
