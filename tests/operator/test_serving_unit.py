@@ -37,6 +37,17 @@ def _exported(path: str = "export", acceptance: float = 2.7, generation: int = 1
     }  # fmt: skip
 
 
+def _record(path: str = "export", acceptance: float = 2.7, generation: int = 1) -> dict:
+    """status.resolvedDraft for that export of DraftTraining llama (uid-1)."""
+    return {
+        "model": f"/models/draft/{path}",
+        "uri": f"pvc://llama-workspace/{path}",
+        "source": "DraftTraining/llama",
+        "draftTraining": {"name": "llama", "uid": "uid-1", "generation": generation},
+        "acceptanceLength": acceptance,
+    }
+
+
 def test_deployment_serves_target_with_the_eagle3_draft():
     body = fakes.spec_decode(
         numSpeculativeTokens=4, replicas=3, scheduling={"nodeSelector": {"amd.com/gpu.family": "AI"}}
@@ -100,13 +111,7 @@ def test_from_draft_training_waits_then_rolls_the_draft_in():
     training["status"] = _exported()
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     assert _spec_config(_deployment(plan))["model"] == "/models/draft/export"
-    assert plan.status["resolvedDraft"] == {
-        "model": "/models/draft/export",
-        "uri": "pvc://llama-workspace/export",
-        "source": "DraftTraining/llama",
-        "draftTraining": {"name": "llama", "uid": "uid-1", "generation": 1},
-        "acceptanceLength": 2.7,
-    }
+    assert plan.status["resolvedDraft"] == _record()
     assert [e.reason for e in plan.events] == ["DraftResolved"]
     missing = plan_serving(body, ServingObserved(now=fakes.NOW))
     assert _condition(missing.status, "DraftResolved")["reason"] == "DraftTrainingNotFound"
@@ -173,7 +178,8 @@ def _serving_the_export() -> tuple[dict, dict, dict]:
     return body, training, deployment
 
 
-def _assert_keeps_the_pinned_draft(body: dict, training: dict | None, deployment: dict, reason: str) -> None:
+def _assert_keeps_the_pinned_draft(body: dict, training: dict | None, deployment: dict, reason: str) -> str:
+    """Checks that the pods keep the draft and why, said once; returns the condition's message."""
     observed = ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment)
     plan = plan_serving(body, observed)
     assert _deployment(plan)["spec"]["template"] == deployment["spec"]["template"], "no rollout"
@@ -189,6 +195,7 @@ def _assert_keeps_the_pinned_draft(body: dict, training: dict | None, deployment
     assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
     again = plan_serving(body | {"status": plan.status}, observed)
     assert again.events == [] and again.status == plan.status, "said once, not on every reconcile"
+    return resolved["message"]
 
 
 def test_a_deleted_draft_training_leaves_its_consumers_the_pinned_draft():
@@ -217,9 +224,7 @@ def test_a_failed_retry_leaves_the_pinned_draft():
         "stage": "quantize",
         "conditions": [{"type": "Failed", "status": "True", "message": "stage quantize failed: OOMKilled"}],
     }
-    _assert_keeps_the_pinned_draft(body, training, deployment, "DraftTrainingFailed")
-    message = _condition(plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training)).status,
-                         "DraftResolved")["message"]  # fmt: skip
+    message = _assert_keeps_the_pinned_draft(body, training, deployment, "DraftTrainingFailed")
     assert message.startswith("DraftTraining llama failed: stage quantize failed: OOMKilled; keeps serving")
 
 
@@ -231,13 +236,7 @@ def test_a_newer_successful_export_replaces_the_pinned_draft():
     training["status"] = _exported("export-fp8", acceptance=2.6, generation=2)
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment))
     assert _spec_config(_deployment(plan))["model"] == "/models/draft/export-fp8"
-    assert plan.status["resolvedDraft"] == {
-        "model": "/models/draft/export-fp8",
-        "uri": "pvc://llama-workspace/export-fp8",
-        "source": "DraftTraining/llama",
-        "draftTraining": {"name": "llama", "uid": "uid-1", "generation": 2},
-        "acceptanceLength": 2.6,
-    }
+    assert plan.status["resolvedDraft"] == _record("export-fp8", acceptance=2.6, generation=2)
     resolved = _condition(plan.status, "DraftResolved")
     assert (resolved["status"], resolved["reason"]) == ("True", "FromDraftTraining")
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "DraftResolved")]
