@@ -297,3 +297,20 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
     assert [e.message for e in plan.events] == [
         "rolling in draft org/llama-eagle3 (replaces pvc://llama-workspace/export)"
     ]
+
+
+def test_an_export_digest_is_pinned_and_names_the_export_on_the_pod_template():
+    # No export records a digest yet (issue 14 adds it); the pin and the template are ready for it.
+    body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
+    training = {"metadata": {"name": "llama", "uid": "uid-1"}, "status": _exported()}
+    training["status"]["export"]["digest"] = "sha256:0123abcd"
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
+    assert plan.status["resolvedDraft"] == _record() | {"digest": "sha256:0123abcd"}
+    template = _deployment(plan)["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "sha256:0123abcd"}
+    body["status"] = plan.status
+    training["status"]["export"]["digest"] = "sha256:ffff"  # re-published at the same path
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
+    assert plan.status["resolvedDraft"]["digest"] == "sha256:ffff"
+    assert _deployment(plan)["spec"]["template"] != template
+    assert [e.reason for e in plan.events] == ["DraftResolved"]
