@@ -27,7 +27,6 @@ class ServingObserved:
     monitor_kinds: set[str] = field(default_factory=set)
 
 
-SPEC_SOURCE = "spec.draft.model"
 # On the vLLM pod template: which export of a DraftTraining the pods load (its digest when the
 # export has one, else the DraftTraining's uid). A re-created DraftTraining may export to the same
 # path; the changed annotation makes its draft a rollout instead of a silent swap under new pods only.
@@ -83,7 +82,7 @@ def same_export(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 
 def resolve_draft(
-    sdd: SpecDecodeDeployment, draft_training: dict[str, Any] | None, pinned: dict[str, Any] | None = None
+    sdd: SpecDecodeDeployment, draft_training: dict[str, Any] | None, pinned: dict[str, Any] | None
 ) -> DraftResolution:
     """The draft to serve, from the spec, the DraftTraining, or the draft resolved before (`pinned`).
 
@@ -95,7 +94,7 @@ def resolve_draft(
     draft = sdd.spec.draft
     if draft.model:
         return DraftResolution(
-            True, "FromSpec", f"draft {draft.model}", {"uri": draft.model, "source": SPEC_SOURCE}
+            True, "FromSpec", f"draft {draft.model}", {"uri": draft.model, "source": "spec.draft.model"}
         )
     name = draft.from_draft_training
     source = f"DraftTraining/{name}"
