@@ -25,9 +25,18 @@ def contains(live: Any, desired: Any) -> bool:
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch of the top-level status keys that changed (lists such as conditions go whole)."""
-    keys = set(old) | set(new)
-    return {k: new.get(k) for k in sorted(keys) if new.get(k) != old.get(k)}
+    """A merge patch (RFC 7386) of the status keys that changed, None for removed ones.
+
+    Objects are diffed key by key, since a merge patch merges them and would keep a nested key the
+    new value lacks; lists such as conditions go whole.
+    """
+    patch = {}
+    for k in sorted(set(old) | set(new)):
+        before, after = old.get(k), new.get(k)
+        if after != before:
+            both_objects = isinstance(before, dict) and isinstance(after, dict)
+            patch[k] = status_patch(before, after) if both_objects else after
+    return patch
 
 
 def key(obj: dict[str, Any]) -> tuple[str, str]:

@@ -106,11 +106,19 @@ class Reconciler:
         self._coalesced((DT, namespace, name), lambda: self._reconcile_training(namespace, name))
 
     def _reconcile_training(self, namespace: str, name: str) -> None:
+        if self._sync_training(namespace, name):
+            # Its consumers look again: a new export rolls in; a deleted, re-opened or failed
+            # training leaves them their pinned draft, with a Warning.
+            for consumer in sorted(self._consumers.get((namespace, name), ())):
+                self.reconcile_serving(namespace, consumer)
+
+    def _sync_training(self, namespace: str, name: str) -> bool:
+        """One reconcile; True when the training's phase changed or it is gone."""
         with metrics.reconcile_timer(DT):
             body = self.kube.get(API_VERSION, DT, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.forget_training(namespace, name)
-                return
+                return True
             selector = f"{meta.DRAFT_TRAINING_LABEL}={name}"
             kinds = (
                 ("batch/v1", "Job"),
@@ -138,10 +146,7 @@ class Reconciler:
             metrics.record_training(namespace, name, plan.status)
             if plan.requeue_after:
                 self._requeue(DT, namespace, name, plan.requeue_after)
-            phase_changed = (body.get("status") or {}).get("phase") != plan.status.get("phase")
-        if phase_changed:
-            for consumer in sorted(self._consumers.get((namespace, name), ())):
-                self.reconcile_serving(namespace, consumer)
+            return (body.get("status") or {}).get("phase") != plan.status.get("phase")
 
     # ---- SpecDecodeDeployment --------------------------------------------------------------------
 

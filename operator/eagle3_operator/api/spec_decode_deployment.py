@@ -35,7 +35,8 @@ class DraftSource(ApiModel):
     )
     from_draft_training: DnsName | None = Field(
         None,
-        description="Name of a DraftTraining in this namespace; its exported draft is used once it succeeds.",
+        description="Name of a DraftTraining in this namespace; its exported draft is used once it succeeds, "
+        "and kept (status.resolvedDraft) when it is later deleted, re-opened or fails.",
     )
 
 
@@ -79,12 +80,36 @@ class SpecDecodeDeploymentSpec(ApiModel):
     monitoring: MonitoringSpec = section(MonitoringSpec, "ServiceMonitor / PodMonitor toggles.")
 
 
+class DraftTrainingRef(ApiModel):
+    """The DraftTraining whose export the pods serve."""
+
+    name: str = Field(description="Its name.")
+    uid: str | None = Field(
+        None, description="Its uid (a re-created DraftTraining of the same name has another)."
+    )
+    generation: int | None = Field(
+        None,
+        description="Its observedGeneration when the export was first resolved (the spec that exported it).",
+    )
+
+
 class ResolvedDraft(ApiModel):
-    """The draft the vLLM pods load."""
+    """The draft the vLLM pods load, pinned: kept while its DraftTraining is deleted, re-opened or failed."""
 
     model: str = Field(description="What vLLM loads: a Hugging Face id or a path inside the pod.")
-    source: str = Field(description="Where it came from (the spec's model, or DraftTraining/NAME).")
-    acceptance_length: float | None = Field(None, description="Measured acceptance length, when known.")
+    uri: str = Field(
+        description="The draft as resolved: pvc://CLAIM/PATH (claim and path of the export) or a Hugging Face id."
+    )
+    source: str = Field(description="Where it came from (spec.draft.model, or DraftTraining/NAME).")
+    draft_training: DraftTrainingRef | None = Field(
+        None, description="The DraftTraining that exported it (drafts from spec.draft.fromDraftTraining)."
+    )
+    acceptance_length: float | None = Field(
+        None, description="Acceptance length measured for this draft when it was evaluated, when known."
+    )
+    digest: str | None = Field(
+        None, description="Content digest of the exported draft, when its DraftTraining's export records one."
+    )
 
 
 class SpecDecodeDeploymentStatus(ApiModel):
@@ -99,7 +124,11 @@ class SpecDecodeDeploymentStatus(ApiModel):
         description="Available, Progressing and DraftResolved.",
         json_schema_extra=CONDITIONS_FIELD,
     )
-    resolved_draft: ResolvedDraft | None = Field(None, description="The draft in use.")
+    resolved_draft: ResolvedDraft | None = Field(
+        None,
+        description="The draft the pods serve; absent while the target is served alone. A change of spec.draft "
+        "resets it; a newer successful export of the DraftTraining replaces it.",
+    )
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL inside the cluster.")
 
 
