@@ -12,7 +12,7 @@ from typing import Any
 
 from eagle3_operator import API_VERSION, metrics
 from eagle3_operator.apply import apply_children, key, write_status
-from eagle3_operator.kube import Kube, NamespaceTerminating
+from eagle3_operator.kube import ApiError, Kube, NamespaceTerminating
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.serving import MONITORING_API, ServingObserved, plan_serving
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
@@ -142,8 +142,7 @@ class Reconciler:
                 deployments={d["metadata"]["name"]: d for d in listed["Deployment"]},
             )
             if observed.jobs_lacking_pods():
-                # Only then: why the Job controller creates no pods is told in Events alone.
-                observed.job_events = self.kube.list("v1", "Event", namespace, fields=FAILED_CREATE_EVENTS)
+                observed.job_events = self._failed_create_events(namespace)
             plan = plan_training(body, observed)
             live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
             observed.refused = apply_children(self.kube, body, plan, live)
@@ -154,6 +153,17 @@ class Reconciler:
             if plan.requeue_after:
                 self._requeue(DT, namespace, name, plan.requeue_after)
             return (body.get("status") or {}).get("phase") != plan.status.get("phase")
+
+    def _failed_create_events(self, namespace: str) -> list[dict[str, Any]]:
+        """Why the Job controller creates no pods is told in its Events alone; read them only then.
+        A refused read (RBAC without `list events`) costs the diagnosis, not the reconcile."""
+        try:
+            return self.kube.list("v1", "Event", namespace, fields=FAILED_CREATE_EVENTS)
+        except NamespaceTerminating:
+            raise
+        except ApiError as error:
+            log.warning("cannot read the FailedCreate Events in %s: %s", namespace, error.detail)
+            return []
 
     # ---- SpecDecodeDeployment --------------------------------------------------------------------
 
