@@ -57,28 +57,22 @@ def apply_children(
     A refused child (quota, admission, validation) does not stop the others: each is independent,
     and the refusal is reported on the owner instead of failing the reconcile.
     """
-    refused = []
-    for obj in plan.create:
-        if key(obj) not in live:
-            log.info("creating %s %s", obj["kind"], obj["metadata"]["name"])
-            try:
-                kube.create(obj)
-            except NamespaceTerminating:
-                raise
-            except ApiError as error:
-                refused.append(_refusal(obj, error))
+    writes = [(obj, "creating", kube.create) for obj in plan.create if key(obj) not in live]
     for obj in plan.sync:
         current = live.get(key(obj))
         # List items carry no apiVersion/kind; everything else we set must be there as we set it.
         wanted = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
         if current is None or not contains(current, wanted):
-            log.info("%s %s %s", "updating" if current else "creating", obj["kind"], obj["metadata"]["name"])
-            try:
-                kube.apply(obj)
-            except NamespaceTerminating:
-                raise
-            except ApiError as error:
-                refused.append(_refusal(obj, error))
+            writes.append((obj, "updating" if current else "creating", kube.apply))
+    refused = []
+    for obj, verb, write in writes:
+        log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])
+        try:
+            write(obj)
+        except NamespaceTerminating:
+            raise
+        except ApiError as error:
+            refused.append(_refusal(obj, error))
     namespace = owner["metadata"]["namespace"]
     for gone in plan.delete:
         log.info("deleting %s %s", gone["kind"], gone["name"])

@@ -9,6 +9,7 @@ from eagle3_operator.reconcile.pods import merge_env
 from eagle3_operator.reconcile.serving import ServingObserved, plan_serving
 
 from tests.operator import fakes
+from tests.operator.harness import WRITE_PROBE, workspace_write_pod
 from tests.operator.test_training_unit import Cluster
 
 AITER_OFF = {"name": "VLLM_ROCM_USE_AITER", "value": "0"}
@@ -97,3 +98,18 @@ def test_runtime_pods_run_as_the_images_user_with_writable_volumes_and_gpu_group
         o for o in plan_serving(body, ServingObserved(now=fakes.NOW)).sync if o["kind"] == "Deployment"
     )
     assert serving["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"] == [44, 992]
+
+
+def test_the_workspace_write_probe_is_shaped_like_a_stage_pod():
+    """tests/operator/harness.workspace_write_pod, for the write test on the real node: the stage
+    pods' user, fsGroup and workspace claim, and a command that writes to the workspace."""
+    pod = workspace_write_pod("ml", "fresh-claim")
+    spec = pod["spec"]
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 0, "fsGroup": 0,
+                                       "fsGroupChangePolicy": "OnRootMismatch"}  # fmt: skip
+    assert spec["restartPolicy"] == "Never"
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "workspace"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "fresh-claim"
+    (container,) = spec["containers"]
+    assert {"name": "workspace", "mountPath": "/workspace"} in container["volumeMounts"]
+    assert container["command"][:2] == ["python3", "-c"] and WRITE_PROBE in container["command"][2]
