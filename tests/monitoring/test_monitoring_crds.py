@@ -122,7 +122,7 @@ def test_the_operators_and_the_charts_monitors_are_stored_as_sent(cluster, names
             stored = _create_and_read_back(cluster, namespace, monitor)
             what = f"{monitor['kind']} {monitor['metadata']['name']}"
             # The schema adds defaults (a relabeling's `action: replace`); every field we sent stays
-            # as sent. The operator's apply_plan uses the same test, so it does not re-apply them.
+            # as sent. The operator's apply_children uses the same test, so it does not re-apply them.
             assert contains(stored["spec"], monitor["spec"]), (
                 f"{what}: a field came back missing (pruned) or changed:\n"
                 f"sent   {monitor['spec']}\nstored {stored['spec']}"

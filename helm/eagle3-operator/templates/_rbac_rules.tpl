@@ -29,9 +29,10 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# create: transition Events; list: why a Job creates no pods (its FailedCreate Events).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, podmonitors]
   verbs: [get, list, create, patch]

@@ -42,6 +42,12 @@ class RuntimeSpec(ApiModel):
     backoff_limit: Annotated[int, Field(ge=0, le=10)] = Field(
         2, description="Retries of a failed stage pod before the stage, and the training, fail."
     )
+    stage_deadline_seconds: Annotated[int, Field(ge=60, le=31_536_000)] | None = Field(
+        None,
+        description="Deadline of each stage Job, from its start (the Job's activeDeadlineSeconds): a stage "
+        "still running, or whose pods still cannot be scheduled or started, after this long fails the "
+        "training with reason DeadlineExceeded. No deadline when unset.",
+    )
 
 
 class DataSource(ApiModel):

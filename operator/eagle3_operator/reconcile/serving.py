@@ -12,7 +12,21 @@ from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
 from eagle3_operator.reconcile.plan import Event, Plan, iso
-from eagle3_operator.reconcile.pods import Mounts, model_location, service, vllm_args, vllm_pod_spec
+from eagle3_operator.reconcile.pods import (
+    SERVER_PROGRESS_DEADLINE_S,
+    Mounts,
+    model_location,
+    service,
+    vllm_args,
+    vllm_pod_spec,
+)
+from eagle3_operator.reconcile.stuck import (
+    REFUSAL_RETRY_S,
+    Problem,
+    Refusal,
+    deployment_problem,
+    first_pod_problem,
+)
 
 MONITORING_API = "monitoring.coreos.com/v1"
 
@@ -25,6 +39,10 @@ class ServingObserved:
     draft_training: dict[str, Any] | None = None
     # Prometheus Operator kinds the cluster serves ("ServiceMonitor", "PodMonitor").
     monitor_kinds: set[str] = field(default_factory=set)
+    # The vLLM pods (label eagle3.ai/spec-decode-deployment), for what holds them back.
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    # Children the API server refused in this reconcile's writes.
+    refused: list[Refusal] = field(default_factory=list)
 
 
 # On the vLLM pod template: which export of a DraftTraining the pods load (its digest when the
@@ -172,6 +190,7 @@ class ServingPlanner:
             "spec": {
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": self.selector},
+                "progressDeadlineSeconds": SERVER_PROGRESS_DEADLINE_S,
                 "template": template,
             },
         }
@@ -256,9 +275,20 @@ class ServingPlanner:
         set_condition(conditions, "DraftResolved", draft.resolved, draft.reason, draft.message, gen, now)
         plan.events += self._draft_events(draft, previous, served)
         available, reason, message = self._availability(ready)
+        progressing, progress_reason, progress_message = self._progressing(deployment)
+        for type_, status_, problem in self._stuck(available, progressing):
+            if (get_condition(conditions, type_) or {}).get("reason") != problem.reason and not any(
+                e.reason == problem.reason for e in plan.events
+            ):
+                plan.events.append(Event("Warning", problem.reason, problem.message))
+            if type_ == "Available":
+                reason, message = problem.reason, f"{message}: {problem.message}"
+            else:
+                progressing, progress_reason, progress_message = status_, problem.reason, problem.message
         set_condition(conditions, "Available", available, reason, message, gen, now)
-        progressing, reason, message = self._progressing(deployment)
-        set_condition(conditions, "Progressing", progressing, reason, message, gen, now)
+        set_condition(conditions, "Progressing", progressing, progress_reason, progress_message, gen, now)
+        if self.observed.refused:
+            plan.requeue_after = REFUSAL_RETRY_S
         previous_available = get_condition(old.get("conditions") or [], "Available")
         if previous_available and previous_available.get("status") != ("True" if available else "False"):
             plan.events.append(
@@ -291,6 +321,23 @@ class ServingPlanner:
         # Losing a source is a Warning whether or not a pinned draft covers for it; waiting is not.
         warning = draft.pinned or draft.reason == "DraftTrainingFailed"
         return [Event("Warning" if warning else "Normal", draft.reason, draft.message)]
+
+    def _stuck(self, available: bool, progressing: bool) -> list[tuple[str, bool, Problem]]:
+        """(condition, its status, problem) for what holds the vLLM pods back: a refused write or a
+        deadline stops Progressing; a stuck pod explains why replicas are not Available, or why a
+        rollout is still Progressing."""
+        found = []
+        pods = first_pod_problem(self.observed.pods)
+        deployment = deployment_problem(self.observed.deployment)
+        if self.observed.refused:
+            found.append(("Progressing", False, self.observed.refused[0].problem()))
+        elif deployment and deployment.reason == "ProgressDeadlineExceeded":
+            found.append(("Progressing", False, deployment))
+        elif progressing and (pods or deployment):
+            found.append(("Progressing", True, pods or deployment))
+        if not available and self.sdd.spec.replicas and (pods or deployment):
+            found.append(("Available", False, pods or deployment))
+        return found
 
     def _availability(self, ready: int) -> tuple[bool, str, str]:
         wanted = self.sdd.spec.replicas
