@@ -194,13 +194,13 @@ class SchedulingSpec(ApiModel):
     )
 
 
-class LocalObjectReference(ApiModel):
-    """An object in the same namespace, by name."""
+class PullSecret(ApiModel):
+    """An image pull Secret in the object's namespace."""
 
-    name: DnsName = Field(description="Its name.")
+    name: DnsName = Field(description="Name of the Secret.")
 
 
-ImagePullSecrets = Annotated[list[LocalObjectReference], Field(max_length=16)]
+ImagePullSecrets = Annotated[list[PullSecret], Field(max_length=16)]
 
 
 def image_pull_secrets_field() -> Any:
