@@ -21,6 +21,7 @@ from eagle3_operator.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 FINALIZER = "eagle3.ai/finalizer"
+MANAGED = f"app.kubernetes.io/managed-by={meta.MANAGED_BY}"
 RESYNC_INTERVAL_S = 120.0
 _state: dict[str, Reconciler] = {}
 
@@ -45,10 +46,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 1.0
     # Server-side label selectors: the operator never streams the cluster's other pods, Jobs, Deployments.
-    # Stage pods only (results, progress); the servers' pods are seen through their Deployments.
-    settings.watching.label_selectors["pods"] = meta.STAGE_LABEL
+    # Its own pods: stage results and progress, and why a pod is stuck (unschedulable, image pulls).
+    settings.watching.label_selectors["pods"] = MANAGED
     settings.watching.label_selectors["jobs"] = meta.DRAFT_TRAINING_LABEL
-    settings.watching.label_selectors["deployments"] = f"app.kubernetes.io/managed-by={meta.MANAGED_BY}"
+    settings.watching.label_selectors["deployments"] = MANAGED
     settings.queueing.worker_limit = 64
     settings.execution.max_workers = 16
     settings.networking.request_timeout = 60
@@ -76,20 +77,11 @@ def draft_training_event(event: dict[str, Any], body: kopf.Body, name: str, name
     reconciler().reconcile_training(namespace, name)
 
 
-def _parent_training(labels: dict[str, str]) -> str | None:
-    return labels.get(meta.DRAFT_TRAINING_LABEL)
-
-
 @kopf.on.event("batch", "v1", "jobs", labels={meta.DRAFT_TRAINING_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "pods", labels={meta.STAGE_LABEL: kopf.PRESENT})
-def training_child_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    parent = _parent_training(labels)
-    if parent:
-        reconciler().reconcile_training(namespace, parent)
-
-
+@kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": meta.MANAGED_BY})
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": meta.MANAGED_BY})
-def deployment_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+def child_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+    """A child changed: reconcile the object it belongs to."""
     if training := labels.get(meta.DRAFT_TRAINING_LABEL):
         reconciler().reconcile_training(namespace, training)
     if serving := labels.get(meta.SPEC_DECODE_LABEL):

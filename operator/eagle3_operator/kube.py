@@ -32,9 +32,20 @@ RESOURCES = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, detail: str = ""):
         super().__init__(message)
         self.status = status
+        # The API server's own words (the Status object's message), for conditions and Events.
+        self.detail = detail or message
+
+
+def status_message(text: str) -> str:
+    """The `message` of a Kubernetes Status body; the text itself when it is not one."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()
+    return str(body.get("message") or text).strip() if isinstance(body, dict) else text.strip()
 
 
 class NamespaceTerminating(ApiError):
@@ -105,7 +116,7 @@ class Kube:
                 if response.status == 403 and "NamespaceTerminating" in text
                 else ApiError
             )
-            raise error(response.status, f"{method} {path}: {text[:2000]}")
+            raise error(response.status, f"{method} {path}: {text[:2000]}", status_message(text)[:2000])
         return json.loads(data) if data else {}
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -114,10 +125,12 @@ class Kube:
         except NotFound:
             return None
 
-    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        result = self._call(
-            "list", "GET", resource_path(api_version, kind, namespace), query=[("labelSelector", selector)]
-        )
+    def list(
+        self, api_version: str, kind: str, namespace: str, selector: str = "", fields: str = ""
+    ) -> list[dict[str, Any]]:
+        """Objects matching a label selector and/or a field selector."""
+        query = [(k, v) for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v]
+        result = self._call("list", "GET", resource_path(api_version, kind, namespace), query=query)
         return result.get("items") or []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eagle3_operator import API_VERSION, metrics
-from eagle3_operator.apply import apply_plan, key
-from eagle3_operator.kube import Kube, NamespaceTerminating
+from eagle3_operator.apply import apply_children, key, write_status
+from eagle3_operator.kube import ApiError, Kube, NamespaceTerminating
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.serving import MONITORING_API, ServingObserved, plan_serving
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
@@ -20,6 +20,7 @@ from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 log = logging.getLogger(__name__)
 DT, SDD = "DraftTraining", "SpecDecodeDeployment"
 MONITOR_KINDS_TTL_S = 60.0
+FAILED_CREATE_EVENTS = "involvedObject.kind=Job,reason=FailedCreate"
 
 
 class Reconciler:
@@ -106,11 +107,19 @@ class Reconciler:
         self._coalesced((DT, namespace, name), lambda: self._reconcile_training(namespace, name))
 
     def _reconcile_training(self, namespace: str, name: str) -> None:
+        if self._sync_training(namespace, name):
+            # Its consumers look again: a new export rolls in; a deleted, re-opened or failed
+            # training leaves them their pinned draft, with a Warning.
+            for consumer in sorted(self._consumers.get((namespace, name), ())):
+                self.reconcile_serving(namespace, consumer)
+
+    def _sync_training(self, namespace: str, name: str) -> bool:
+        """One reconcile; True when the training's phase changed or it is gone."""
         with metrics.reconcile_timer(DT):
             body = self.kube.get(API_VERSION, DT, namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.forget_training(namespace, name)
-                return
+                return True
             selector = f"{meta.DRAFT_TRAINING_LABEL}={name}"
             kinds = (
                 ("batch/v1", "Job"),
@@ -132,16 +141,29 @@ class Reconciler:
                 pods=listed["Pod"],
                 deployments={d["metadata"]["name"]: d for d in listed["Deployment"]},
             )
+            if observed.jobs_lacking_pods():
+                observed.job_events = self._failed_create_events(namespace)
             plan = plan_training(body, observed)
             live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
-            self._remember_write((DT, namespace, name), apply_plan(self.kube, body, plan, live))
+            observed.refused = apply_children(self.kube, body, plan, live)
+            if observed.refused:
+                plan = plan_training(body, observed)  # the same decision, with the refusals in its status
+            self._remember_write((DT, namespace, name), write_status(self.kube, body, plan))
             metrics.record_training(namespace, name, plan.status)
             if plan.requeue_after:
                 self._requeue(DT, namespace, name, plan.requeue_after)
-            phase_changed = (body.get("status") or {}).get("phase") != plan.status.get("phase")
-        if phase_changed:
-            for consumer in sorted(self._consumers.get((namespace, name), ())):
-                self.reconcile_serving(namespace, consumer)
+            return (body.get("status") or {}).get("phase") != plan.status.get("phase")
+
+    def _failed_create_events(self, namespace: str) -> list[dict[str, Any]]:
+        """Why the Job controller creates no pods is told in its Events alone; read them only then.
+        A refused read (RBAC without `list events`) costs the diagnosis, not the reconcile."""
+        try:
+            return self.kube.list("v1", "Event", namespace, fields=FAILED_CREATE_EVENTS)
+        except NamespaceTerminating:
+            raise
+        except ApiError as error:
+            log.warning("cannot read the FailedCreate Events in %s: %s", namespace, error.detail)
+            return []
 
     # ---- SpecDecodeDeployment --------------------------------------------------------------------
 
@@ -177,6 +199,7 @@ class Reconciler:
             selector = f"{meta.SPEC_DECODE_LABEL}={name}"
             deployments = self.kube.list("apps/v1", "Deployment", namespace, selector)
             services = self.kube.list("v1", "Service", namespace, selector)
+            pods = self.kube.list("v1", "Pod", namespace, selector)
             kinds = self.monitor_kinds()
             monitors = {
                 kind: self.kube.list(MONITORING_API, kind, namespace, selector) for kind in sorted(kinds)
@@ -185,16 +208,25 @@ class Reconciler:
             training = self.kube.get(API_VERSION, DT, namespace, source) if source else None
             deployment = next((d for d in deployments if d["metadata"]["name"] == name), None)
             observed = ServingObserved(
-                now=datetime.now(UTC), deployment=deployment, draft_training=training, monitor_kinds=kinds
+                now=datetime.now(UTC),
+                deployment=deployment,
+                draft_training=training,
+                monitor_kinds=kinds,
+                pods=pods,
             )
             plan = plan_serving(body, observed)
             listed = {"Deployment": deployments, "Service": services, **monitors}
             live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
-            self._remember_write((SDD, namespace, name), apply_plan(self.kube, body, plan, live))
+            observed.refused = apply_children(self.kube, body, plan, live)
+            if observed.refused:
+                plan = plan_serving(body, observed)  # the same decision, with the refusals in its status
+            self._remember_write((SDD, namespace, name), write_status(self.kube, body, plan))
             conditions = {c["type"]: c["status"] for c in plan.status.get("conditions") or []}
             metrics.PHASES.set(
                 SDD, namespace, name, "Available" if conditions.get("Available") == "True" else "Unavailable"
             )
+            if plan.requeue_after:
+                self._requeue(SDD, namespace, name, plan.requeue_after)
 
     # ---- scheduling ------------------------------------------------------------------------------
 
@@ -207,7 +239,7 @@ class Reconciler:
         def run() -> None:
             self._requeued.discard(ident)
             try:
-                self.reconcile_training(namespace, name)
+                (self.reconcile_training if kind == DT else self.reconcile_serving)(namespace, name)
             except Exception:  # noqa: BLE001 - logged; the periodic resync retries
                 log.exception("requeued reconcile of %s %s/%s failed", kind, namespace, name)
 

@@ -36,6 +36,23 @@ def test_status_patch_holds_only_changed_top_level_keys_and_nulls_removed_ones()
     assert status_patch(new, dict(new)) == {}
 
 
+def test_status_patch_nulls_nested_keys_a_new_object_lacks():
+    # A merge patch merges objects: a draft record without draftTraining must say so with null.
+    old = {
+        "resolvedDraft": {
+            "uri": "pvc://w/export",
+            "source": "DraftTraining/x",
+            "draftTraining": {"name": "x"},
+        }
+    }
+    new = {"resolvedDraft": {"uri": "org/draft", "source": "spec.draft.model"}}
+    assert status_patch(old, new) == {
+        "resolvedDraft": {"uri": "org/draft", "source": "spec.draft.model", "draftTraining": None}
+    }
+    moved = {"resolvedDraft": old["resolvedDraft"] | {"draftTraining": {"name": "x", "generation": 2}}}
+    assert status_patch(old, moved) == {"resolvedDraft": {"draftTraining": {"generation": 2}}}
+
+
 def test_events_during_a_reconcile_fold_into_one_more_pass():
     reconciler = Reconciler(kube=None)  # _coalesced needs no API access
     runs = []

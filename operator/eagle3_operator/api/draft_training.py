@@ -10,11 +10,14 @@ from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quanti
 from eagle3_operator.api.common import (
     CONDITIONS_FIELD,
     Condition,
+    ImagePullSecrets,
     ModelRef,
     Phase,
+    PodSecuritySpec,
     Quantization,
     SchedulingSpec,
     TargetSpec,
+    image_pull_secrets_field,
 )
 
 KIND = "DraftTraining"
@@ -41,6 +44,12 @@ class RuntimeSpec(ApiModel):
     )
     backoff_limit: Annotated[int, Field(ge=0, le=10)] = Field(
         2, description="Retries of a failed stage pod before the stage, and the training, fail."
+    )
+    stage_deadline_seconds: Annotated[int, Field(ge=60, le=31_536_000)] | None = Field(
+        None,
+        description="Deadline of each stage Job, from its start (the Job's activeDeadlineSeconds): a stage "
+        "still running, or whose pods still cannot be scheduled or started, after this long fails the "
+        "training with reason DeadlineExceeded. No deadline when unset.",
     )
 
 
@@ -328,6 +337,8 @@ class DraftTrainingSpec(ApiModel):
     evaluation: EvaluationSpec = section(EvaluationSpec, "Checkpoint evaluation and selection.")
     export: ExportSpec = section(ExportSpec, "Export of the best checkpoint.")
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of all pods.")
+    pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
+    image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     storage: StorageSpec = section(StorageSpec, "Workspace volume.")
 
 

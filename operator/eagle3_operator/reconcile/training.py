@@ -13,20 +13,43 @@ from pydantic import ValidationError
 from eagle3_operator.api.draft_training import DraftTraining, Progress
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
-from eagle3_operator.reconcile.jobs import STAGE_CONTAINER, JobOutcome, job_outcome, latest_progress
+from eagle3_operator.reconcile.jobs import (
+    DEADLINE_EXCEEDED,
+    POD_CREATION_GRACE_S,
+    STAGE_CONTAINER,
+    JobOutcome,
+    job_age_s,
+    job_outcome,
+    lacks_pods,
+    latest_progress,
+)
 from eagle3_operator.reconcile.plan import Event, Plan, iso, parse_iso
 from eagle3_operator.reconcile.pods import (
+    PROBE_PERIOD_S,
+    SERVER_PROGRESS_DEADLINE_S,
+    STARTUP_PROBE_FAILURES,
     TERMINATION_LOG,
     VLLM_PORT,
     Mounts,
-    apply_scheduling,
+    PodPolicy,
+    apply_pod_policy,
     downward_env,
     gpu_resources,
     hf_token_env,
+    merge_env,
     model_location,
     service,
+    user_env,
     vllm_args,
     vllm_pod_spec,
+)
+from eagle3_operator.reconcile.stuck import (
+    REFUSAL_RETRY_S,
+    Problem,
+    Refusal,
+    deployment_problem,
+    first_pod_problem,
+    job_creation_problem,
 )
 from eagle3_runtime import stage_plan
 from eagle3_runtime.stage_plan import StageInputError, server_for, workspace_claim
@@ -44,6 +67,9 @@ STAGE_CONDITIONS = {
 # missing StageResult is a failure of the stage.
 RESULT_GRACE_S = 60.0
 RESULT_POLL_S = 5.0
+# A Job without pods is looked at again until its pods appear or the Job controller says why not
+# (FailedCreate Events are not watched); after this long the periodic resync does it.
+POD_CREATION_WATCH_S = 300.0
 WORKSPACE = "/workspace"
 TORCHRUN_PORT = 29500
 STREAM_PORT = 5600
@@ -53,6 +79,14 @@ SERVERS = {
     "stream": ("streaming extraction server", "StreamServerReady", "StreamServerScaledDown"),
 }
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+# Reasons of a stage condition in the normal course; any other reason is a stuck stage's problem.
+STAGE_REASONS = {
+    "Succeeded": "Completed",
+    "Running": "Running",
+    "Failed": "Failed",
+    "Pending": "Pending",
+}
+WAITING_REASONS = {"target": "WaitingForTarget", "stream": "WaitingForStreamServer"}
 
 
 @dataclass
@@ -63,12 +97,32 @@ class TrainingObserved:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # FailedCreate Events of Jobs in the namespace, read only while jobs_lacking_pods() is not empty.
+    job_events: list[dict[str, Any]] = field(default_factory=list)
+    # Children the API server refused in this reconcile's writes.
+    refused: list[Refusal] = field(default_factory=list)
 
     def pods_of(self, job_name: str) -> list[dict[str, Any]]:
         return [
             p
             for p in self.pods
             if any((p["metadata"].get("labels") or {}).get(k) == job_name for k in JOB_NAME_LABELS)
+        ]
+
+    def server_pods(self, server: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods
+            if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == server
+            and meta.STAGE_LABEL not in (p["metadata"].get("labels") or {})
+        ]
+
+    def jobs_lacking_pods(self) -> list[dict[str, Any]]:
+        """Jobs whose FailedCreate Events are worth reading: active, past their first moments, podless."""
+        return [
+            job
+            for name, job in sorted(self.jobs.items())
+            if job_age_s(job, self.now) >= POD_CREATION_GRACE_S and lacks_pods(job, self.pods_of(name))
         ]
 
 
@@ -150,7 +204,7 @@ class TrainingPlanner:
         mounts = Mounts()
         model = model_location(target.model, "target", mounts)
         pod_spec = vllm_pod_spec(
-            target, vllm_args(target, model, target.model), mounts, self.dt.spec.scheduling
+            target, vllm_args(target, model, target.model), mounts, PodPolicy.of(self.dt.spec)
         )
         return self._server_deployment("target", replicas, pod_spec)
 
@@ -162,7 +216,11 @@ class TrainingPlanner:
         argv = stage_plan.stream_server_argv(self.dt, PodLocations(mounts), VLLM_PORT, STREAM_PORT)
         mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
         mounts.add_shm(spec.target.shm_size)
-        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+        probe = {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": PROBE_PERIOD_S,
+            "timeoutSeconds": 5,
+        }
         container = {
             "name": STAGE_CONTAINER,
             "image": spec.runtime.image,
@@ -172,22 +230,31 @@ class TrainingPlanner:
                 {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
                 {"name": "stream", "containerPort": STREAM_PORT, "protocol": "TCP"},
             ],
-            "env": [
-                *downward_env(),
-                {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"},
-                {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
-                *hf_token_env(spec.target),
-            ],
+            "env": merge_env(
+                [
+                    *downward_env(),
+                    {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"},
+                    {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
+                    *hf_token_env(spec.target),
+                ],
+                user_env(spec.target),
+            ),
             "resources": gpu_resources(spec.target, spec.target.gpus),
             "volumeMounts": mounts.mounts,
-            "startupProbe": probe | {"failureThreshold": 180},
+            "startupProbe": probe | {"failureThreshold": STARTUP_PROBE_FAILURES},
             "readinessProbe": probe | {"failureThreshold": 3},
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
         pod_spec: dict[str, Any] = {"containers": [container], "volumes": mounts.volumes}
         if spec.runtime.service_account_name:
             pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_scheduling(pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name)
+        apply_pod_policy(
+            pod_spec,
+            PodPolicy.of(spec),
+            gpus=spec.target.gpus,
+            gpu_resource=spec.target.gpu_resource_name,
+            runtime_user=True,
+        )
         return self._server_deployment("stream", replicas, pod_spec)
 
     def _server_deployment(self, server: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +268,7 @@ class TrainingPlanner:
                 "selector": {"matchLabels": selector},
                 # A second server would need a second set of GPUs; replace instead of surging.
                 "strategy": {"type": "Recreate"},
+                "progressDeadlineSeconds": SERVER_PROGRESS_DEADLINE_S,
                 "template": {"metadata": {"labels": self._labels(server)}, "spec": pod_spec},
             },
         }
@@ -288,7 +356,7 @@ class TrainingPlanner:
             "image": spec.runtime.image,
             "imagePullPolicy": spec.runtime.image_pull_policy,
             "command": command,
-            "env": env,
+            "env": merge_env(env, user_env(spec.target)),
             "volumeMounts": mounts.mounts,
             "terminationMessagePath": TERMINATION_LOG,
             "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -299,8 +367,12 @@ class TrainingPlanner:
         pod_spec |= {"containers": [container], "volumes": mounts.volumes}
         if spec.runtime.service_account_name:
             pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_scheduling(
-            pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name if gpus else None
+        apply_pod_policy(
+            pod_spec,
+            PodPolicy.of(spec),
+            gpus=gpus,
+            gpu_resource=spec.target.gpu_resource_name,
+            runtime_user=True,
         )
         job_labels = self._labels(stage) | {meta.STAGE_LABEL: stage}
         if spec.scheduling.queue_name:
@@ -314,6 +386,8 @@ class TrainingPlanner:
         }
         if nodes > 1:
             job_spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+        if spec.runtime.stage_deadline_seconds:
+            job_spec["activeDeadlineSeconds"] = spec.runtime.stage_deadline_seconds
         if spec.scheduling.queue_name:
             job_spec["suspend"] = True  # Kueue admits the Job by unsuspending it
         return {
@@ -468,9 +542,13 @@ class TrainingPlanner:
                 status["progress"] = Progress.model_validate(progress).to_json()
         failed = [o for o in outcomes if o.state == "Failed"]
         if failed:
-            self._fail(stage, failed[0].reason, failed[0].message)
+            message = failed[0].message
+            if failed[0].reason == DEADLINE_EXCEEDED and (stuck := self._stuck_before(stage)):
+                message += f"; it was stuck: {stuck}"
+            self._fail(stage, failed[0].reason, message)
             return False
         if any(o.state == "Running" for o in outcomes):
+            self._look_for_stuck_pods(stage, [j["metadata"]["name"] for j in desired])
             return False
         missing = [o for o in outcomes if o.result is None]
         if missing:
@@ -494,6 +572,47 @@ class TrainingPlanner:
             self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
         return self.records[stage]["state"] == "Succeeded"
 
+    def _look_for_stuck_pods(self, stage: str, jobs: list[str]) -> None:
+        """Why a running stage's Jobs make no progress: a pod the scheduler or the kubelet holds
+        back, or pods the Job controller cannot create."""
+        for name in jobs:
+            job = self.observed.jobs.get(name)
+            if job is None:
+                continue
+            pods = self.observed.pods_of(name)
+            problem = first_pod_problem(pods)
+            if problem is None and lacks_pods(job, pods):
+                problem = job_creation_problem(job, self.observed.job_events)
+                if problem is None and job_age_s(job, self.observed.now) < POD_CREATION_WATCH_S:
+                    self._requeue(POD_CREATION_GRACE_S)
+            if problem:
+                self.problems[stage] = problem
+                return
+
+    def _stuck_before(self, stage: str) -> str | None:
+        """The problem the stage's condition reported before this reconcile, if it was stuck."""
+        old = get_condition((self.body.get("status") or {}).get("conditions") or [], STAGE_CONDITIONS[stage])
+        normal = set(STAGE_REASONS.values()) | set(WAITING_REASONS.values())
+        return old["message"] if old and old.get("reason") not in normal else None
+
+    def _requeue(self, seconds: float) -> None:
+        self.plan.requeue_after = min(self.plan.requeue_after or seconds, seconds)
+
+    def _refusal(self, component: str) -> Problem | None:
+        """A refused write of a child of this component (a stage, a server); children of no stage or
+        server (the workspace PVC) hold up the current stage."""
+        known = set(STAGE_CONDITIONS) | set(SERVERS)
+        for refusal in self.observed.refused:
+            if refusal.component == component or (
+                component == self.current and refusal.component not in known
+            ):
+                return refusal.problem()
+        return None
+
+    def _server_problem(self, server: str) -> Problem | None:
+        deployment = self.observed.deployments.get(server_name(self.dt, server))
+        return first_pod_problem(self.observed.server_pods(server)) or deployment_problem(deployment)
+
     def build(self) -> Plan:
         dt = self.dt
         old_status = self.body.get("status") or {}
@@ -506,6 +625,8 @@ class TrainingPlanner:
             for name in stages
         }
         self.failure: tuple[str, str] | None = None
+        self.problems: dict[str, Problem] = {}  # running stage -> why it makes no progress
+        self.current: str | None = None
         self._retry_if_spec_changed(status)
         status.setdefault("startTime", self.now)
         status["workspaceClaim"] = workspace_claim(dt)
@@ -518,7 +639,7 @@ class TrainingPlanner:
             record = self.records[stage]
             if record["state"] == "Succeeded":
                 continue
-            current = stage
+            current = self.current = stage
             if record["state"] == "Failed":
                 self.failure = self.failure or _recorded_failure(status, stage, record)
                 break
@@ -553,6 +674,8 @@ class TrainingPlanner:
         if phase == "Succeeded" and old_status.get("phase") != "Succeeded":
             self._event("Normal", "TrainingSucceeded", f"draft exported to {status['export']['uri']}")
         self._conditions(status, phase, current, waiting_for, needed)
+        if self.observed.refused:
+            self._requeue(REFUSAL_RETRY_S)
         self.plan.status = status
         return self.plan
 
@@ -580,10 +703,19 @@ class TrainingPlanner:
         def put(type_: str, ok: bool, reason: str, message: str) -> None:
             set_condition(conditions, type_, ok, reason, message, gen, now)
 
+        def put_problem(type_: str, problem: Problem) -> None:
+            """False with the problem's reason; a Warning Event when the reason is new."""
+            if (get_condition(conditions, type_) or {}).get("reason") != problem.reason:
+                self._event("Warning", problem.reason, problem.message)
+            put(type_, False, problem.reason, problem.message)
+
         servers = ["target"] + (["stream"] if self.dt.spec.hidden_states.mode == "streaming" else [])
         for server in servers:
             title, condition_type, _ = SERVERS[server]
-            if needed != server:
+            problem = self._refusal(server) or (self._server_problem(server) if waiting == server else None)
+            if problem:
+                put_problem(condition_type, problem)
+            elif needed != server:
                 put(condition_type, False, "ScaledDown", f"no remaining stage needs the {title}")
             elif waiting == server:
                 put(condition_type, False, "Starting", f"waiting for the {title} to become ready")
@@ -591,14 +723,12 @@ class TrainingPlanner:
                 put(condition_type, True, "Serving", f"the {title} is ready")
         for stage, record in self.records.items():
             state = record["state"]
-            reason = {
-                "Succeeded": "Completed",
-                "Running": "Running",
-                "Failed": "Failed",
-                "Pending": "Pending",
-            }[state]
+            if problem := self._refusal(stage) or self.problems.get(stage):
+                put_problem(STAGE_CONDITIONS[stage], problem)
+                continue
+            reason = STAGE_REASONS[state]
             if state == "Pending" and stage == current and waiting:
-                reason = "WaitingForTarget" if waiting == "target" else "WaitingForStreamServer"
+                reason = WAITING_REASONS[waiting]
             put(STAGE_CONDITIONS[stage], state == "Succeeded", reason, record.get("message") or state.lower())
         if self.failure:
             # Its observedGeneration is the generation that failed: a later spec edit retries.
