@@ -29,6 +29,15 @@ RESOURCES = Gauge(
 API_REQUESTS = Counter(
     "eagle3_operator_api_requests_total", "Kubernetes API requests the operator made, by verb.", ["verb"]
 )
+LEADER = Gauge("eagle3_operator_leader", "1 while this replica holds the leader Lease and reconciles.")
+WORKQUEUE_DEPTH = Gauge(
+    "eagle3_operator_workqueue_depth", "Objects waiting to be reconciled (ready, running or scheduled)."
+)
+STATUS_CONFLICTS = Counter(
+    "eagle3_operator_status_conflicts_total",
+    "Status writes refused because the object changed since it was read (then re-read and re-planned).",
+    ["kind"],
+)
 TRAINING_LABELS = ["namespace", "name"]
 TRAINING_STEP = Gauge("eagle3_draft_training_step", "Latest training step.", TRAINING_LABELS)
 TRAINING_TOTAL_STEPS = Gauge("eagle3_draft_training_total_steps", "Training steps planned.", TRAINING_LABELS)
