@@ -3,7 +3,7 @@ once nothing changes, and how much memory it takes.
 
     python -m benchmarks.operator.bench_scale [--objects 200] [--idle-seconds 150]
 
-Measures (written to benchmarks/operator/results.json and printed as Markdown):
+Measures (written to benchmarks/operator/results/DATE-OBJECTS.json and printed):
   * time from each object's creation until all its first children exist (workspace PVC, target
     Deployment and its Service, each polled) and until its first stage Job (generate, created once
     kwok reports the target Ready): median and p99;
@@ -32,7 +32,7 @@ from tests.operator.harness import (
 )
 from tests.support.cluster import LocalCluster, wait_until
 
-RESULTS = Path(__file__).with_name("results.json")
+RESULTS = Path(__file__).with_name("results")
 OWNED = "eagle3.ai/draft-training"
 # An object's first children: the workspace PVC, the target vLLM Deployment and its Service
 # (path template, name suffix after the DraftTraining's name).
@@ -66,6 +66,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--objects", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=150.0)
+    parser.add_argument("--results", type=Path, help="where the JSON goes (default results/DATE-OBJECTS.json)")
+    parser.add_argument(
+        "--operator-args", default="--leader-elect", help="more eagle3-operator flags (as the chart)"
+    )
     args = parser.parse_args()
     names = [f"bench-{i:03d}" for i in range(args.objects)]
     # One GPU per target server: enough fake 8-GPU nodes for every object's target at once.
@@ -78,7 +82,8 @@ def main() -> None:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda n: bind_volume(cluster, ns, f"{n}-workspace", create_claim=False), names))
         log = Path(cluster.workdir) / "bench-operator.log"
-        operator = OperatorProcess(cluster, [ns], log).start()
+        operator_args = (*args.operator_args.split(), "--leader-elect-resource-namespace", ns)
+        operator = OperatorProcess(cluster, [ns], log, operator_args).start()
         peak_rss = rss_mib(operator.proc.pid)
         created: dict[str, float] = {}
 
@@ -135,6 +140,7 @@ def main() -> None:
         )
         before = apiserver_writes(cluster)
         operator_writes_before = _operator_writes(operator)
+        lease_requests_before = operator.metric("eagle3_operator_api_requests_total", verb="lease")
         reconciles_before = operator.metric("eagle3_operator_reconcile_total", kind="DraftTraining")
         idle_start = time.monotonic()
         while time.monotonic() - idle_start < args.idle_seconds:
@@ -143,6 +149,10 @@ def main() -> None:
         idle_minutes = (time.monotonic() - idle_start) / 60
         writes = apiserver_writes(cluster) - before
         operator_writes = _operator_writes(operator) - operator_writes_before
+        lease_requests = (
+            operator.metric("eagle3_operator_api_requests_total", verb="lease") - lease_requests_before
+        )
+        load = Path("/proc/loadavg").read_text().split()[:3]
         idle_reconciles = (
             operator.metric("eagle3_operator_reconcile_total", kind="DraftTraining") - reconciles_before
         )
@@ -165,12 +175,18 @@ def main() -> None:
         "idle_operator_writes_per_object_per_minute": operator_writes / len(names) / idle_minutes,
         # Everything the API server saw for these resources, other controllers' Events included.
         "idle_apiserver_writes": dict(writes),
+        # Leader election: a GET and a PUT of the Lease per retry period, whatever the object count.
+        "idle_lease_requests": lease_requests,
+        "load_average_at_end": [float(x) for x in load],
+        "operator_args": list(operator_args),
         "operator_rss_mib": {"peak": round(peak_rss, 1), "end": round(final_rss, 1)},
         "reconciles_until_idle": reconciles_until_idle,
         "mean_reconcile_s": durations_sum / reconciles_until_idle if reconciles_until_idle else None,
         "reconcile_errors": errors,
     }
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    path = args.results or RESULTS / f"{time.strftime('%Y-%m-%dT%H%M', time.gmtime())}-{len(names)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

@@ -93,10 +93,15 @@ PHASES = PhaseTracker()
 
 
 @contextmanager
-def reconcile_timer(kind: str) -> Iterator[None]:
+def reconcile_timer(kind: str, retried: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Time and count one reconcile; an exception of a `retried` type (planned again at once, such
+    as a status conflict) counts as result "conflict", not as an error."""
     start = time.perf_counter()
     try:
         yield
+    except retried:
+        RECONCILES.labels(kind, "conflict").inc()
+        raise
     except Exception:
         RECONCILES.labels(kind, "error").inc()
         RECONCILE_ERRORS.labels(kind).inc()

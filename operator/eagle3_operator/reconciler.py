@@ -160,7 +160,7 @@ class Reconciler:
 
     def _reconcile_training(self, namespace: str, name: str, fresh: bool) -> float | None:
         """One reconcile: 0 or the plan's requeue delay; None when the object is gone."""
-        with metrics.reconcile_timer(DT):
+        with metrics.reconcile_timer(DT, retried=(Conflict,)):
             body = self._read(DT, namespace, name, fresh)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.forget_training(namespace, name)
@@ -234,7 +234,7 @@ class Reconciler:
         return kinds
 
     def _reconcile_serving(self, namespace: str, name: str, fresh: bool) -> float | None:
-        with metrics.reconcile_timer(SDD):
+        with metrics.reconcile_timer(SDD, retried=(Conflict,)):
             body = self._read(SDD, namespace, name, fresh)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.PHASES.set(SDD, namespace, name, None)
