@@ -84,7 +84,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.label_selectors["deployments"] = MANAGED
     settings.watching.label_selectors["services"] = MANAGED
     settings.watching.label_selectors["persistentvolumeclaims"] = MANAGED
-    settings.queueing.worker_limit = 64
+    # No limit on kopf's per-object workers: they only cache and queue (the reconciles are bounded by
+    # --workers). A limit deadlocks kopf when more objects than it arrive before every indexed kind
+    # is listed: the admitted workers wait for the index readiness, which waits for the objects
+    # that cannot get a worker (seen with 200 DraftTrainings created as the operator started).
+    settings.queueing.worker_limit = None
     settings.execution.max_workers = 16
     settings.networking.request_timeout = 60
     # Only warnings from kopf's own logs become Events; the operator posts its transitions itself.

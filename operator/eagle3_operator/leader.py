@@ -36,9 +36,10 @@ class LeaseSettings:
     retry_period: float = 2.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+        # The Lease holds whole seconds.
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration or self.lease_duration < 1:
             raise ValueError(
-                "leader election needs retry period < renew deadline < lease duration, got "
+                "leader election needs 0 < retry period < renew deadline < lease duration (>= 1 s), got "
                 f"{self.retry_period} s, {self.renew_deadline} s, {self.lease_duration} s"
             )
 

@@ -77,13 +77,13 @@ class Reconciler:
             return  # our own write coming back, or a re-listing: nothing new
         if kind in (DT, SDD):
             self.queue.add((kind, namespace, name))
-            return
-        labels = body["metadata"].get("labels") or {}
-        delay = self.settings.progress_delay if change == PROGRESS else 0.0
-        if training := labels.get(meta.DRAFT_TRAINING_LABEL):
-            self.queue.add_after((DT, namespace, training), delay)
-        if serving := labels.get(meta.SPEC_DECODE_LABEL):
-            self.queue.add_after((SDD, namespace, serving), delay)
+        else:
+            labels = body["metadata"].get("labels") or {}
+            delay = self.settings.progress_delay if change == PROGRESS else 0.0
+            if training := labels.get(meta.DRAFT_TRAINING_LABEL):
+                self.queue.add_after((DT, namespace, training), delay)
+            if serving := labels.get(meta.SPEC_DECODE_LABEL):
+                self.queue.add_after((SDD, namespace, serving), delay)
         metrics.WORKQUEUE_DEPTH.set(len(self.queue))
 
     # ---- workers ---------------------------------------------------------------------------------
