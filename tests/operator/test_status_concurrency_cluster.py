@@ -15,7 +15,9 @@ from tests.operator.harness import draft_training_path, events_of, training_body
 
 
 def _conflicts() -> float:
-    return REGISTRY.get_sample_value("eagle3_operator_status_conflicts_total", {"kind": "DraftTraining"}) or 0.0
+    return (
+        REGISTRY.get_sample_value("eagle3_operator_status_conflicts_total", {"kind": "DraftTraining"}) or 0.0
+    )
 
 
 def test_a_reconcile_planned_from_a_stale_copy_re_reads_and_re_plans(crds, namespace):
