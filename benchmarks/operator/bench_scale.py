@@ -59,6 +59,7 @@ def _operator_writes(operator: OperatorProcess) -> float:
 
 # Names and labels only (the API server's metadata-only lists): the poller, on the same 2 cores,
 # takes as little as it can from the API server it measures.
+RESYNC_PERIOD_S = 120.0  # the operator's default --resync-period
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
@@ -69,7 +70,7 @@ def list_metadata(api, path: str) -> list[dict]:
         header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"],
     )  # fmt: skip
     response = api.call_api(method, url, header_params=headers, _request_timeout=30)
-    return [item["metadata"] for item in json.loads(response.read())["items"]]
+    return [item["metadata"] for item in json.loads(response.read()).get("items") or []]  # null when empty
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -173,6 +174,15 @@ def main() -> None:
             operator.metric("eagle3_operator_reconcile_total", kind="DraftTraining") - reconciles_before
         )
         final_rss = rss_mib(operator.proc.pid)
+        # Every object reconciled within the last resync period (the window is longer than one).
+        samples = operator.metrics()
+        last_pass = {
+            dict(labels)["name"]: value
+            for (metric, labels), value in samples.items()
+            if metric == "eagle3_operator_last_reconcile_timestamp_seconds"
+            and dict(labels)["kind"] == "DraftTraining"
+        }
+        since_last_pass = [time.time() - last_pass[n] if n in last_pass else float("inf") for n in names]
         errors = operator.metric("eagle3_operator_reconcile_errors_total")
         operator.stop()
 
@@ -196,6 +206,10 @@ def main() -> None:
         "load_average_at_end": [float(x) for x in load],
         "operator_args": list(operator_args),
         "operator_rss_mib": {"peak": round(peak_rss, 1), "end": round(final_rss, 1)},
+        "seconds_since_each_objects_last_reconcile_at_end": {
+            "max": max(since_last_pass),
+            "objects_over_resync_period": sum(1 for t in since_last_pass if t > RESYNC_PERIOD_S),
+        },
         "reconciles_until_idle": reconciles_until_idle,
         "mean_reconcile_s": durations_sum / reconciles_until_idle if reconciles_until_idle else None,
         "reconcile_errors": errors,

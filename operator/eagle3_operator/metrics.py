@@ -38,6 +38,11 @@ STATUS_CONFLICTS = Counter(
     "Status writes refused because the object changed since it was read (then re-read and re-planned).",
     ["kind"],
 )
+LAST_RECONCILE = Gauge(
+    "eagle3_operator_last_reconcile_timestamp_seconds",
+    "Unix time of each object's latest successful reconcile (the resync reaches every object once per period).",
+    ["kind", "namespace", "name"],
+)
 TRAINING_LABELS = ["namespace", "name"]
 TRAINING_STEP = Gauge("eagle3_draft_training_step", "Latest training step.", TRAINING_LABELS)
 TRAINING_TOTAL_STEPS = Gauge("eagle3_draft_training_total_steps", "Training steps planned.", TRAINING_LABELS)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -140,7 +141,10 @@ class Reconciler:
                 log.info("%s %s/%s: namespace is being deleted; not reconciling", *item)
                 return None
             if requeue_after is None:
+                with contextlib.suppress(KeyError):
+                    metrics.LAST_RECONCILE.remove(*item)
                 return None
+            metrics.LAST_RECONCILE.labels(*item).set(time.time())
             resync = self.settings.resync_period * random.uniform(0.8, 1.0)
             return min(requeue_after, resync) if requeue_after > 0 else resync
         raise Conflict(
