@@ -147,7 +147,20 @@ def main() -> None:
         to_job = [first_job[n] - created[n] for n in names if n in first_job]
         print(f"first-stage Jobs: {len(first_job)} after {time.monotonic() - started:.1f} s", flush=True)
 
-        time.sleep(15)  # the last status patches and events settle
+        # Idle means settled: every generate pod bound to its volume and Running (on a loaded machine
+        # the PV controller and the scheduler can trail the Jobs by minutes), then the last status
+        # patches and Events.
+        def stage_pods_running() -> bool:
+            pods = cluster.request(
+                "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=eagle3.ai/stage=generate"
+            )
+            return sum(p["status"].get("phase") == "Running" for p in pods["items"]) >= len(first_job)
+
+        try:
+            wait_until(stage_pods_running, timeout=300, interval=2, what="every generate pod Running")
+        except TimeoutError:
+            print("not every generate pod is Running: the idle window is not idle", flush=True)
+        time.sleep(15)
         # Reconciles until idle: counted here, before the idle window adds its resync round.
         reconciles_until_idle = operator.metric(
             "eagle3_operator_reconcile_duration_seconds_count", kind="DraftTraining"
