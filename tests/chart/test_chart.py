@@ -34,6 +34,10 @@ def operator_container(objects):
     return deployment, container
 
 
+def _aggregated(role):
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in role["metadata"]["labels"])
+
+
 def rules_of(objects):
     return [rule for obj in objects if obj["kind"] in {"Role", "ClusterRole"} for rule in obj["rules"]]
 
@@ -82,6 +86,8 @@ def test_cluster_wide_rbac(tmp_path):
         "eagle3-eagle3-operator",
         "eagle3-eagle3-operator-discovery",
         "eagle3-eagle3-operator-runtime",
+        "eagle3-eagle3-operator-edit",
+        "eagle3-eagle3-operator-view",
     }
     # The only Role: the leader election Lease, in the release's namespace.
     assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objects, "Role")] == [
@@ -122,8 +128,11 @@ def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
         ("eagle3-system", "Role"),  # the leader election Lease
         ("team-a", "ClusterRole"), ("team-a", "Role"), ("team-b", "ClusterRole"), ("team-b", "Role"),
     ]  # fmt: skip
-    # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only).
+    # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only);
+    # the aggregated roles are bound by no one here (they extend admin/edit/view where those are bound).
     for role in by_kind(objects, "ClusterRole"):
+        if _aggregated(role):
+            continue
         for rule in role["rules"]:
             assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, rule
     (discovery_binding,) = by_kind(objects, "ClusterRoleBinding")
@@ -165,6 +174,59 @@ def test_leader_election_pdb_and_a_single_replica_without_it(tmp_path):
     with pytest.raises(HelmError) as failure:
         render(tmp_path, {"leaderElection": {"renewDeadline": 20}})
     assert "retryPeriod < renewDeadline < leaseDuration" in failure.value.stderr
+
+
+def test_operator_may_set_block_owner_deletion_on_its_children(tmp_path):
+    """OwnerReferencesPermissionEnforcement (OpenShift) asks for `update` on the owner's finalizers."""
+    for values in (VALUES_SETS["defaults"], VALUES_SETS["namespaced"]):
+        rules = [r for role in by_kind(render(tmp_path, *values), "ClusterRole") + by_kind(render(tmp_path, *values), "Role")
+                 if role["metadata"]["name"] == "eagle3-eagle3-operator" for r in role["rules"]]  # fmt: skip
+        assert {"apiGroups": ["eagle3.ai"], "resources": ["drafttrainings/finalizers", "specdecodedeployments/finalizers"],
+                "verbs": ["update"]} in rules  # fmt: skip
+
+
+def test_aggregated_roles_extend_admin_edit_and_view(tmp_path):
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(tmp_path), "ClusterRole") if _aggregated(r)}
+    edit, view = roles["eagle3-eagle3-operator-edit"], roles["eagle3-eagle3-operator-view"]
+    assert {k: v for k, v in edit["metadata"]["labels"].items() if "aggregate" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+        "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+    }
+    assert {k: v for k, v in view["metadata"]["labels"].items() if "aggregate" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-view": "true"
+    }
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in view["rules"])
+    assert "create" in edit["rules"][0]["verbs"]
+    assert not [r for r in by_kind(render(tmp_path, {"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
+                if _aggregated(r)]  # fmt: skip
+
+
+def test_admission_policies(tmp_path):
+    """By default only the runtime account's policy; allow-lists only when listed, bound to the
+    watched namespaces (tests/chart/test_lockdown.py runs them on the API server)."""
+
+    def policies(objects):
+        return sorted(p["metadata"]["name"] for p in by_kind(objects, "ValidatingAdmissionPolicy"))
+
+    assert policies(render(tmp_path)) == ["eagle3-eagle3-operator-runtime-own-pod"]
+    assert policies(render(tmp_path, {"admissionPolicies": {"runtimeOwnPodOnly": False}})) == []
+    objects = render(tmp_path, NAMESPACED, {"admissionPolicies": {"allowedServiceTypes": ["ClusterIP"]}})
+    assert policies(objects) == [
+        "eagle3-eagle3-operator-allow-lists",
+        "eagle3-eagle3-operator-runtime-own-pod",
+    ]
+    (allow,) = [
+        p for p in by_kind(objects, "ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("lists")
+    ]
+    assert len(allow["spec"]["validations"]) == 1  # only the list that was given
+    bindings = {
+        b["metadata"]["name"]: b["spec"] for b in by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    }
+    selector = bindings["eagle3-eagle3-operator-allow-lists"]["matchResources"]["namespaceSelector"]
+    assert selector["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    assert "matchResources" not in bindings["eagle3-eagle3-operator-runtime-own-pod"]
+    with pytest.raises(HelmError, match="allowedServiceTypes"):
+        render(tmp_path, {"admissionPolicies": {"allowedServiceTypes": ["ExternalName"]}})
 
 
 def test_no_rbac_and_an_existing_service_account(tmp_path):

@@ -79,7 +79,9 @@ def test_runtime_pods_run_as_the_images_user_with_writable_volumes_and_gpu_group
         "fsGroup": 0,
         "fsGroupChangePolicy": "OnRootMismatch",
     }
-    gpu = {"supplementalGroups": [44, 109], "seccompProfile": {"type": "Unconfined"}}
+    seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
+    gpu = {"supplementalGroups": [44, 109]} | seccomp
+    cpu = {"supplementalGroups": [109]} | seccomp
     expected = {
         # the vLLM image runs as its own (root) user; it only reads models
         "llama-target": gpu,
@@ -87,10 +89,10 @@ def test_runtime_pods_run_as_the_images_user_with_writable_volumes_and_gpu_group
         "llama-train": runtime_user | gpu,
         "llama-eval-50": runtime_user | gpu,
         "llama-eval-100": runtime_user | gpu,
-        "llama-generate": runtime_user | {"supplementalGroups": [109]},
-        "llama-select": runtime_user | {"supplementalGroups": [109]},
-        "llama-export": runtime_user | {"supplementalGroups": [109]},
-        "llama-quantize": runtime_user | {"supplementalGroups": [109]},
+        "llama-generate": runtime_user | cpu,
+        "llama-select": runtime_user | cpu,
+        "llama-export": runtime_user | cpu,
+        "llama-quantize": runtime_user | cpu,
     }
     assert {name: pod["securityContext"] for name, pod in specs.items()} == expected
     body = fakes.spec_decode(scheduling={"supplementalGroups": [44, 992]})
@@ -106,7 +108,8 @@ def test_the_workspace_write_probe_is_shaped_like_a_stage_pod():
     pod = workspace_write_pod("ml", "fresh-claim")
     spec = pod["spec"]
     assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 0, "fsGroup": 0,
-                                       "fsGroupChangePolicy": "OnRootMismatch"}  # fmt: skip
+                                       "fsGroupChangePolicy": "OnRootMismatch",
+                                       "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
     assert spec["restartPolicy"] == "Never"
     (volume,) = [v for v in spec["volumes"] if v["name"] == "workspace"]
     assert volume["persistentVolumeClaim"]["claimName"] == "fresh-claim"

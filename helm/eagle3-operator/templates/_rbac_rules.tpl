@@ -11,6 +11,12 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [eagle3.ai]
   resources: [drafttrainings/status, specdecodedeployments/status]
   verbs: [patch]
+# Children carry ownerReferences with blockOwnerDeletion: true; where the
+# OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift), setting it needs `update`
+# on the owner's finalizers.
+- apiGroups: [eagle3.ai]
+  resources: [drafttrainings/finalizers, specdecodedeployments/finalizers]
+  verbs: [update]
 # Stage Jobs; delete: a retry after a spec edit replaces the failed stage's Jobs.
 - apiGroups: [batch]
   resources: [jobs]

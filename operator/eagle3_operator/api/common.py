@@ -194,6 +194,36 @@ class SchedulingSpec(ApiModel):
     )
 
 
+class PullSecret(ApiModel):
+    """An image pull Secret in the object's namespace."""
+
+    name: DnsName = Field(description="Name of the Secret.")
+
+
+ImagePullSecrets = Annotated[list[PullSecret], Field(max_length=16)]
+
+
+def image_pull_secrets_field() -> Any:
+    return Field(
+        default_factory=list,
+        description="Secrets (kubernetes.io/dockerconfigjson) in this namespace for pulling the images of every "
+        "pod the operator creates for this object, as in a Pod's imagePullSecrets.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class PodSecuritySpec(ApiModel):
+    """Security settings of the pods the operator creates (docs/install.md, "Pod Security")."""
+
+    multi_gpu_seccomp_profile: Literal["RuntimeDefault", "Unconfined"] = Field(
+        "RuntimeDefault",
+        description="Seccomp profile of pods with more than one GPU (tensor-parallel vLLM, multi-GPU trainers). "
+        "Unconfined lets RCCL use syscalls the runtime's default profile blocks, at the cost of the Pod "
+        "Security baseline level (such pods are refused in baseline and restricted namespaces). Every "
+        "other pod runs with RuntimeDefault.",
+    )
+
+
 class Condition(ApiModel):
     """A status condition, as in metav1.Condition."""
 

@@ -10,11 +10,14 @@ from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quanti
 from eagle3_operator.api.common import (
     CONDITIONS_FIELD,
     Condition,
+    ImagePullSecrets,
     ModelRef,
     Phase,
+    PodSecuritySpec,
     Quantization,
     SchedulingSpec,
     TargetSpec,
+    image_pull_secrets_field,
 )
 
 KIND = "DraftTraining"
@@ -320,6 +323,8 @@ class DraftTrainingSpec(ApiModel):
     evaluation: EvaluationSpec = section(EvaluationSpec, "Checkpoint evaluation and selection.")
     export: ExportSpec = section(ExportSpec, "Export of the best checkpoint.")
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of all pods.")
+    pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
+    image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     storage: StorageSpec = section(StorageSpec, "Workspace volume.")
 
 

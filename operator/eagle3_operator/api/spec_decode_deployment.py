@@ -7,7 +7,16 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from eagle3_operator.api.base import ApiModel, DnsName, StringMap, cel, section
-from eagle3_operator.api.common import CONDITIONS_FIELD, Condition, ModelRef, SchedulingSpec, TargetSpec
+from eagle3_operator.api.common import (
+    CONDITIONS_FIELD,
+    Condition,
+    ImagePullSecrets,
+    ModelRef,
+    PodSecuritySpec,
+    SchedulingSpec,
+    TargetSpec,
+    image_pull_secrets_field,
+)
 
 KIND = "SpecDecodeDeployment"
 PLURAL = "specdecodedeployments"
@@ -77,6 +86,8 @@ class SpecDecodeDeploymentSpec(ApiModel):
     )
     service: ServiceSpec = section(ServiceSpec, "The Service.")
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of the vLLM pods.")
+    pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
+    image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     monitoring: MonitoringSpec = section(MonitoringSpec, "ServiceMonitor / PodMonitor toggles.")
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.common import SchedulingSpec, TargetSpec
+from eagle3_operator.api.common import PodSecuritySpec, PullSecret, SchedulingSpec, TargetSpec
 
 VLLM_PORT = 8000
 VIDEO_GROUP = 44  # /dev/kfd and /dev/dri/* belong to "video" on older ROCm hosts, to "render" on newer
@@ -104,9 +105,33 @@ def gpu_resources(target: TargetSpec, gpus: int, extra: dict[str, Any] | None = 
     return resources
 
 
-def pod_security_context(scheduling: SchedulingSpec, *, gpu: bool, runtime_user: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PodPolicy:
+    """What an object's spec says about every pod made for it: placement, security, pull secrets."""
+
+    scheduling: SchedulingSpec
+    security: PodSecuritySpec
+    image_pull_secrets: list[PullSecret]
+
+    @classmethod
+    def of(cls, spec: Any) -> PodPolicy:
+        """From a DraftTraining or SpecDecodeDeployment spec (both carry these three fields)."""
+        return cls(spec.scheduling, spec.pod_security, list(spec.image_pull_secrets))
+
+
+# Pod Security "restricted" for every container: no privilege escalation and no capabilities. The
+# ROCm devices need none (the device plugin mounts them; group access is by supplementalGroups).
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def seccomp_profile(security: PodSecuritySpec, gpus: int) -> str:
+    """RuntimeDefault, except for multi-GPU pods when the spec lets RCCL run Unconfined."""
+    return security.multi_gpu_seccomp_profile if gpus > 1 else "RuntimeDefault"
+
+
+def pod_security_context(policy: PodPolicy, *, gpus: int, runtime_user: bool) -> dict[str, Any]:
     """The pod securityContext: the runtime image's non-root user with its volumes made writable,
-    and for GPU pods the device groups and the seccomp profile of the ROCm recipe."""
+    the seccomp profile, and for GPU pods the device groups."""
     context: dict[str, Any] = {}
     if runtime_user:
         context |= {
@@ -116,30 +141,33 @@ def pod_security_context(scheduling: SchedulingSpec, *, gpu: bool, runtime_user:
             "fsGroup": RUNTIME_GROUP,
             "fsGroupChangePolicy": "OnRootMismatch",
         }
-    groups = ([VIDEO_GROUP] if gpu else []) + list(scheduling.supplemental_groups)
+    groups = ([VIDEO_GROUP] if gpus else []) + list(policy.scheduling.supplemental_groups)
     if groups:
         context["supplementalGroups"] = list(dict.fromkeys(groups))
-    if gpu:
-        context["seccompProfile"] = {"type": "Unconfined"}  # RCCL needs syscalls the default profile blocks
+    context["seccompProfile"] = {"type": seccomp_profile(policy.security, gpus)}
     return context
 
 
-def apply_scheduling(
+def apply_pod_policy(
     pod_spec: dict[str, Any],
-    scheduling: SchedulingSpec,
+    policy: PodPolicy,
     *,
-    gpu_resource: str | None,
+    gpus: int,
+    gpu_resource: str,
     runtime_user: bool = False,
 ) -> dict[str, Any]:
-    """Scheduling fields, the ROCm recipe for pods that get GPUs (REFERENCE section 4), and the
-    security context (runtime_user: the pod runs the eagle3 runtime image)."""
+    """Scheduling fields, the ROCm recipe for pods that get GPUs (REFERENCE section 4), the security
+    contexts (runtime_user: the pod runs the eagle3 runtime image) and the image pull secrets."""
+    scheduling = policy.scheduling
     tolerations = [t.to_json() for t in scheduling.tolerations]
-    if gpu_resource:
+    if gpus:
         # Clusters commonly taint GPU nodes with the resource name; GPU pods tolerate it.
         tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
-    context = pod_security_context(scheduling, gpu=bool(gpu_resource), runtime_user=runtime_user)
-    if context:
-        pod_spec["securityContext"] = context
+    pod_spec["securityContext"] = pod_security_context(policy, gpus=gpus, runtime_user=runtime_user)
+    for container in pod_spec["containers"]:
+        container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
+    if policy.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.to_json() for s in policy.image_pull_secrets]
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if scheduling.node_selector:
@@ -204,17 +232,17 @@ def vllm_container(target: TargetSpec, args: list[str], mounts: Mounts) -> dict[
     }
 
 
-def vllm_pod_spec(
-    target: TargetSpec, args: list[str], mounts: Mounts, scheduling: SchedulingSpec
-) -> dict[str, Any]:
+def vllm_pod_spec(target: TargetSpec, args: list[str], mounts: Mounts, policy: PodPolicy) -> dict[str, Any]:
+    """A vLLM server pod. It needs no Kubernetes API, so it mounts no ServiceAccount token."""
     mounts.add_shm(target.shm_size)
     mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")
     pod_spec = {
         "containers": [vllm_container(target, args, mounts)],
         "volumes": mounts.volumes,
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 60,
     }
-    return apply_scheduling(pod_spec, scheduling, gpu_resource=target.gpu_resource_name)
+    return apply_pod_policy(pod_spec, policy, gpus=target.gpus, gpu_resource=target.gpu_resource_name)
 
 
 def service(meta: dict[str, Any], selector: dict[str, str], port: int, **extra: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from eagle3_operator.reconcile.plan import Event, Plan, iso
 from eagle3_operator.reconcile.pods import (
     SERVER_PROGRESS_DEADLINE_S,
     Mounts,
+    PodPolicy,
     model_location,
     service,
     vllm_args,
@@ -179,7 +180,7 @@ class ServingPlanner:
             if "draftTraining" in draft:
                 export_id = draft.get("digest") or draft["draftTraining"].get("uid", "")
                 template_metadata["annotations"] = {DRAFT_EXPORT_ANNOTATION: export_id}
-        pod_spec = vllm_pod_spec(target, args, mounts, spec.scheduling)
+        pod_spec = vllm_pod_spec(target, args, mounts, PodPolicy.of(spec))
         template = {"metadata": template_metadata, "spec": pod_spec}
         metadata = meta.object_meta(self.body, self.name, self.labels)
         metadata["annotations"] = {meta.TEMPLATE_HASH_ANNOTATION: meta.content_hash(template)}

@@ -31,7 +31,8 @@ from eagle3_operator.reconcile.pods import (
     TERMINATION_LOG,
     VLLM_PORT,
     Mounts,
-    apply_scheduling,
+    PodPolicy,
+    apply_pod_policy,
     downward_env,
     gpu_resources,
     hf_token_env,
@@ -239,7 +240,7 @@ class TrainingPlanner:
         mounts = Mounts()
         model = model_location(target.model, "target", mounts)
         pod_spec = vllm_pod_spec(
-            target, vllm_args(target, model, target.model), mounts, self.dt.spec.scheduling
+            target, vllm_args(target, model, target.model), mounts, PodPolicy.of(self.dt.spec)
         )
         return self._server_deployment("target", replicas, pod_spec)
 
@@ -298,8 +299,12 @@ class TrainingPlanner:
         pod_spec: dict[str, Any] = {"containers": [container], "volumes": mounts.volumes}
         if spec.runtime.service_account_name:
             pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_scheduling(
-            pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name, runtime_user=True
+        apply_pod_policy(
+            pod_spec,
+            PodPolicy.of(spec),
+            gpus=spec.target.gpus,
+            gpu_resource=spec.target.gpu_resource_name,
+            runtime_user=True,
         )
         return self._server_deployment("stream", replicas, pod_spec)
 
@@ -411,10 +416,11 @@ class TrainingPlanner:
         pod_spec |= {"containers": [container], "volumes": mounts.volumes}
         if spec.runtime.service_account_name:
             pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_scheduling(
+        apply_pod_policy(
             pod_spec,
-            spec.scheduling,
-            gpu_resource=spec.target.gpu_resource_name if gpus else None,
+            PodPolicy.of(spec),
+            gpus=gpus,
+            gpu_resource=spec.target.gpu_resource_name,
             runtime_user=True,
         )
         job_labels = self._labels(stage) | {meta.STAGE_LABEL: stage}
