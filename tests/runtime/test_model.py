@@ -162,6 +162,32 @@ def test_flex_and_eager_agree_on_random_inputs():
         torch.testing.assert_close(flex(q, k, v), eager(q, k, v), atol=1e-4, rtol=1e-4)
 
 
+def test_flex_gradients_equal_the_eager_reference(monkeypatch):
+    """The flex path merges the diagonal keys into the step-0 attention through its log-sum-exp,
+    so gradients flow through that log-sum-exp too. PyTorch refuses flex backward on CPU only
+    because inductor has no CPU kernel for it; its reference math runs here in float64."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    docs = torch.tensor([[0] * 50 + [1] * 60 + [2] * 18, [0] * 128])
+    grads = []
+    for backend in ("eager", "flex"):
+        generator = torch.Generator().manual_seed(1)
+        attend = TTTAttention(docs, backend=backend)
+        inputs = [
+            [torch.randn(2, h, 128, 16, generator=generator, dtype=torch.float64) for h in (4, 2, 2)]
+            for _ in range(3)
+        ]
+        weights = torch.randn(3, 16, generator=generator, dtype=torch.float64)
+        for step in inputs:
+            for x in step:
+                x.requires_grad_(True)
+        sum((attend(*step) * w).sum() for step, w in zip(inputs, weights, strict=True)).backward()
+        grads.append([x.grad for step in inputs for x in step])
+    for flex_grad, eager_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(flex_grad, eager_grad, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache(num_layers):
     """TTT at slot t == the draft run as vLLM runs it: a prefill over slots 0..t fed by the
