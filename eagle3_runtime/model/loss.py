@@ -97,9 +97,11 @@ def step_masks(batch: TTTBatch, in_draft_vocab: torch.Tensor, steps: int) -> lis
 
 
 def soft_kl(logits: torch.Tensor, target_log_probs: torch.Tensor) -> torch.Tensor:
-    """Per-row KL(target || softmax(logits)), in float32."""
-    log_q = F.log_softmax(logits.float(), dim=-1)
-    return (target_log_probs.exp() * (target_log_probs - log_q)).sum(-1)
+    """Per-row KL(target || softmax(logits)), in float32, for normalised `target_log_probs`:
+    sum p (log p - z) + logsumexp(z). Both reductions and the backward (softmax(z) - p) each
+    read the logits once; through log_softmax they took three passes forward and two back."""
+    logits = logits.float()
+    return (target_log_probs.exp() * (target_log_probs - logits)).sum(-1) + torch.logsumexp(logits, dim=-1)
 
 
 def ttt_loss(
@@ -128,28 +130,41 @@ def ttt_loss(
 
     attend = [TTTAttention(batch.document_ids, backend=attention_backend) for _ in range(draft.num_layers)]
     hidden = draft.combine_hidden_states(batch.aux_hidden_states)
+    outputs = []
+    for i in range(steps):
+        hidden = draft.step(_shift_left(batch.input_ids, 1 + i, 0), hidden, batch.positions + i, attend)
+        outputs.append(hidden)
+    # lm_head and the loss run once after the unroll (no later step reads the logits): one
+    # lm_head product over all steps' rows gives its weight gradient in one matmul, not k summed.
+    if gather_counted:
+        # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
+        counted = draft.logits(torch.cat([h[m] for h, m in zip(outputs, masks, strict=True)]))
+        all_logits = counted.split([int(m.sum()) for m in masks])
+    else:
+        # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
+        all_logits = draft.logits(torch.stack(outputs))
     loss = hidden.new_zeros((), dtype=torch.float32)
     stats = {name: [] for name in ("kl_sum", "count", "correct", "conditional_correct", "conditional_count")}
+    t = batch.input_ids.shape[1]
     still_correct = torch.ones_like(batch.predict_mask)
     for i in range(steps):
+        # Slot s of step i is trained on the target at s + 1 + i: the first t - 1 - i slots have
+        # one; the targets are a view from there on (no shifted copy of the [T, V] tensor).
         shift = 1 + i
-        input_ids = _shift_left(batch.input_ids, shift, 0)
-        hidden = draft.step(input_ids, hidden, batch.positions + i, attend)
-        mask = masks[i]
-        targets, choice = _shift_left(target_log_probs, shift, 0.0), _shift_left(target_choice, shift, 0)
+        mask = masks[i][:, : t - shift]
+        targets, choice = target_log_probs[:, shift:], target_choice[:, shift:]
+        logits = all_logits[i]
         if gather_counted:
-            # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
-            logits = draft.logits(hidden[mask])
             kl_sum = soft_kl(logits, targets[mask]).sum()
             correct = torch.zeros_like(mask)
             correct[mask] = logits.argmax(-1) == choice[mask]
         else:
-            # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
-            logits = draft.logits(hidden)
+            logits = logits[:, : t - shift]
             kl_sum = torch.where(mask, soft_kl(logits, targets), 0.0).sum()
             correct = (logits.argmax(-1) == choice) & mask
         loss = loss + decay**i * kl_sum / global_counts[i].clamp(min=1)
         with torch.no_grad():
+            still_correct = still_correct[:, : t - shift]
             conditional = mask & still_correct
             stats["kl_sum"].append(kl_sum.detach().float())
             stats["count"].append(mask.sum().float())
