@@ -134,45 +134,43 @@ def ttt_loss(
     for i in range(steps):
         hidden = draft.step(_shift_left(batch.input_ids, 1 + i, 0), hidden, batch.positions + i, attend)
         outputs.append(hidden)
-    # lm_head and the loss run once after the unroll (no later step reads the logits): one
-    # lm_head product over all steps' rows gives its weight gradient in one matmul, not k summed.
+
+    # lm_head and the loss run once, over all steps (no later step reads the logits): one lm_head
+    # product over k*T rows gives its weight gradient in one matmul instead of k summed ones, and
+    # the logits' gradient is written by one kernel. Step i at slot s is trained on the target at
+    # s + 1 + i, read by index: no shifted copy of the [T, V] targets.
+    t = batch.input_ids.shape[1]
+    offsets = torch.arange(1, steps + 1, device=hidden.device)
+    target_slot = (torch.arange(t, device=hidden.device) + offsets[:, None]).clamp(max=t - 1)  # [k, T]
+    targets, choice = target_log_probs[:, target_slot], target_choice[:, target_slot]  # [B, k, T, ...]
+    counted = torch.stack(masks, dim=1)  # [B, k, T]; false where s + 1 + i is past the row
+    hidden_states = torch.stack(outputs, dim=1)
     if gather_counted:
         # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
-        counted = draft.logits(torch.cat([h[m] for h, m in zip(outputs, masks, strict=True)]))
-        all_logits = counted.split([int(m.sum()) for m in masks])
+        logits = draft.logits(hidden_states[counted])
+        kl = hidden_states.new_zeros(counted.shape, dtype=torch.float32)
+        kl = kl.masked_scatter(counted, soft_kl(logits, targets[counted]))
+        correct = torch.zeros_like(counted).masked_scatter(counted, logits.argmax(-1) == choice[counted])
     else:
         # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
-        all_logits = draft.logits(torch.stack(outputs))
-    loss = hidden.new_zeros((), dtype=torch.float32)
-    stats = {name: [] for name in ("kl_sum", "count", "correct", "conditional_correct", "conditional_count")}
-    t = batch.input_ids.shape[1]
-    still_correct = torch.ones_like(batch.predict_mask)
-    for i in range(steps):
-        # Slot s of step i is trained on the target at s + 1 + i: the first t - 1 - i slots have
-        # one; the targets are a view from there on (no shifted copy of the [T, V] tensor).
-        shift = 1 + i
-        mask = masks[i][:, : t - shift]
-        targets, choice = target_log_probs[:, shift:], target_choice[:, shift:]
-        logits = all_logits[i]
-        if gather_counted:
-            kl_sum = soft_kl(logits, targets[mask]).sum()
-            correct = torch.zeros_like(mask)
-            correct[mask] = logits.argmax(-1) == choice[mask]
-        else:
-            logits = logits[:, : t - shift]
-            kl_sum = torch.where(mask, soft_kl(logits, targets), 0.0).sum()
-            correct = (logits.argmax(-1) == choice) & mask
-        loss = loss + decay**i * kl_sum / global_counts[i].clamp(min=1)
-        with torch.no_grad():
-            still_correct = still_correct[:, : t - shift]
-            conditional = mask & still_correct
-            stats["kl_sum"].append(kl_sum.detach().float())
-            stats["count"].append(mask.sum().float())
-            stats["correct"].append(correct.sum().float())
-            stats["conditional_correct"].append((conditional & correct).sum().float())
-            stats["conditional_count"].append(conditional.sum().float())
-            still_correct = still_correct & correct
-    return loss, TTTStats(**{k: torch.stack(v) for k, v in stats.items()})
+        logits = draft.logits(hidden_states)
+        kl = torch.where(counted, soft_kl(logits, targets), 0.0)
+        correct = (logits.argmax(-1) == choice) & counted
+    kl_sum = kl.sum((0, 2))
+    loss = (decay ** offsets.sub(1).float() * kl_sum / global_counts.clamp(min=1)).sum()
+    with torch.no_grad():
+        # Conditional on every earlier step being right at that slot (what acceptance needs).
+        right_so_far = correct.cumprod(dim=1)
+        earlier_right = torch.cat([torch.ones_like(correct[:, :1]), right_so_far[:, :-1]], dim=1)
+        conditional = counted & earlier_right
+        stats = TTTStats(
+            kl_sum=kl_sum.detach(),
+            count=counted.sum((0, 2)).float(),
+            correct=correct.sum((0, 2)).float(),
+            conditional_correct=(conditional & correct).sum((0, 2)).float(),
+            conditional_count=conditional.sum((0, 2)).float(),
+        )
+    return loss, stats
 
 
 @functools.cache

@@ -279,6 +279,7 @@ def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
     target_logits = torch.randn(1, t_len, 50) * 3
     target_logits[..., 20:] -= 20.0  # the target's top-1 is inside the draft vocabulary...
     target_logits[0, 6, 45] = 100.0  # ...except at index 6: excluded
+    target_logits[0, ::2, 0] += 10.0  # the target's choice is id 0 (the uniform draft's) at even indices
     batch = TTTBatch(
         input_ids=torch.randint(0, 50, (1, t_len)),
         aux_hidden_states=torch.randn(1, t_len, 96),
@@ -300,6 +301,11 @@ def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
     # a uniform draft predicts id 0: correct exactly where the target's choice is 0
     choice = target_logits[0, :, :20].argmax(-1)
     assert stats.correct.tolist() == [float(sum(choice[j] == 0 for j in c)) for c in counted]
+    # conditional on step 0 being right at the same slot s (index s + 1 at step 0, s + 2 at step 1)
+    right = [{j - 1 - i for j in c if choice[j] == 0} for i, c in enumerate(counted)]
+    assert stats.conditional_count.tolist() == [8, len({j - 2 for j in counted[1]} & right[0])]
+    assert stats.conditional_correct.tolist() == [len(right[0]), len(right[0] & right[1])]
+    assert stats.conditional_correct[1] > 0
     loss.backward()
     assert draft.lm_head.weight.grad.abs().sum() > 0 and draft.embed_tokens.weight.grad is None
 
