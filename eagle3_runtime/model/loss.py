@@ -148,9 +148,15 @@ def ttt_loss(
     if gather_counted:
         # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
         logits = draft.logits(hidden_states[counted])
-        kl = hidden_states.new_zeros(counted.shape, dtype=torch.float32)
-        kl = kl.masked_scatter(counted, soft_kl(logits, targets[counted]))
-        correct = torch.zeros_like(counted).masked_scatter(counted, logits.argmax(-1) == choice[counted])
+        # Back to [B, k, T] by gathering each counted slot's place in the compact list.
+        place = (counted.flatten().cumsum(0) - 1).clamp(min=0).view(counted.shape)
+
+        def spread(values: torch.Tensor) -> torch.Tensor:
+            values = torch.cat([values, values.new_zeros(1)])  # a place to gather from when none counts
+            return torch.where(counted, values[place], values.new_zeros(()))
+
+        kl = spread(soft_kl(logits, targets[counted]))
+        correct = spread(logits.argmax(-1) == choice[counted])
     else:
         # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
         logits = draft.logits(hidden_states)
