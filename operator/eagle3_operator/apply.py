@@ -51,8 +51,9 @@ def _refusal(obj: dict[str, Any], error: ApiError) -> Refusal:
 
 def apply_children(
     kube: Kube, owner: dict[str, Any], plan: Plan, live: dict[tuple[str, str], dict[str, Any]]
-) -> list[Refusal]:
-    """Create, update and delete children; the writes the API server refused, for the status.
+) -> tuple[list[Refusal], list[dict[str, Any]]]:
+    """Create, update and delete children; the writes the API server refused (for the status), and
+    the objects it returned for the writes it took.
 
     A refused child (quota, admission, validation) does not stop the others: each is independent,
     and the refusal is reported on the owner instead of failing the reconcile.
@@ -64,32 +65,46 @@ def apply_children(
         wanted = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
         if current is None or not contains(current, wanted):
             writes.append((obj, "updating" if current else "creating", kube.apply))
-    refused = []
+    refused, written = [], []
     for obj, verb, write in writes:
         log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])
         try:
-            write(obj)
+            result = write(obj)
         except NamespaceTerminating:
             raise
         except ApiError as error:
             refused.append(_refusal(obj, error))
+        else:
+            if result:  # None: created meanwhile by someone else (the watch brings it)
+                written.append(result)
     namespace = owner["metadata"]["namespace"]
     for gone in plan.delete:
         log.info("deleting %s %s", gone["kind"], gone["name"])
         kube.delete(gone["apiVersion"], gone["kind"], namespace, gone["name"])
     for refusal in refused:
         log.warning("the API server refused %s %s: %s", refusal.kind, refusal.name, refusal.message)
-    return refused
+    return refused, written
 
 
-def write_status(kube: Kube, owner: dict[str, Any], plan: Plan) -> str | None:
-    """Patch the status keys that changed, then post the plan's Events; the written resourceVersion."""
+def write_status(kube: Kube, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+    """Patch the status keys that changed, then post the plan's Events; the object as written.
+
+    The status is the state machine's memory: it is written only over the version it was planned
+    from (resourceVersion precondition). A Conflict leaves it, and the Events, unwritten, for the
+    caller to plan again from the newer object.
+    """
     written = None
     patch = status_patch(owner.get("status") or {}, plan.status)
     if patch:
         meta = owner["metadata"]
-        result = kube.patch_status(owner["apiVersion"], owner["kind"], meta["namespace"], meta["name"], patch)
-        written = result.get("metadata", {}).get("resourceVersion")
+        written = kube.patch_status(
+            owner["apiVersion"],
+            owner["kind"],
+            meta["namespace"],
+            meta["name"],
+            patch,
+            meta["resourceVersion"],
+        )
     for event in plan.events:
         post_event(kube, owner, event.type, event.reason, event.message)
     return written

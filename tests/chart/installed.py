@@ -143,8 +143,11 @@ def installed(
         as_operator = AsServiceAccount(cluster, system, f"{release}-eagle3-operator", tmp_path)
         as_runtime = AsServiceAccount(cluster, work, RUNTIME_ACCOUNT, tmp_path)
         bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
+        # Leader election as the chart's Deployment runs it: the Lease in the release's namespace.
+        election = ("--leader-elect", f"--leader-elect-resource-name={release}-eagle3-operator",
+                    f"--leader-elect-resource-namespace={system}")  # fmt: skip
         operator = OperatorProcess(
-            as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log"
+            as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log", election
         )
         operator.start()
         yield Installation(release, system, work, as_operator, as_runtime, operator, notes)

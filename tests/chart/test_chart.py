@@ -51,7 +51,12 @@ def test_helm_lint_strict_passes(name, tmp_path):
 def test_operator_deployment_defaults(tmp_path):
     deployment, container = operator_container(render(tmp_path))
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading (Lease); the standby starts before an old pod stops.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == f"{RELEASE}-eagle3-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
@@ -59,7 +64,11 @@ def test_operator_deployment_defaults(tmp_path):
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
-    assert container["args"] == ["--metrics-port=8080", "--liveness-port=8081"]
+    assert container["args"] == [
+        "--metrics-port=8080", "--liveness-port=8081", "--leader-elect",
+        f"--leader-elect-resource-name={RELEASE}-eagle3-operator", "--leader-elect-resource-namespace=eagle3-system",
+        "--leader-elect-lease-duration=15", "--leader-elect-renew-deadline=10", "--leader-elect-retry-period=2",
+    ]  # fmt: skip
     assert container["image"] == "ghcr.io/eagle3-ai/eagle3-operator:0.1.0"
     probe = container["livenessProbe"]["httpGet"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
@@ -80,7 +89,13 @@ def test_cluster_wide_rbac(tmp_path):
         "eagle3-eagle3-operator-edit",
         "eagle3-eagle3-operator-view",
     }
-    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    # The only Role: the leader election Lease, in the release's namespace.
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objects, "Role")] == [
+        ("eagle3-eagle3-operator-leader-election", "eagle3-system")
+    ]
+    assert [b["roleRef"]["name"] for b in by_kind(objects, "RoleBinding")] == [
+        "eagle3-eagle3-operator-leader-election"
+    ]
     for binding in by_kind(objects, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "eagle3-eagle3-operator", "namespace": "eagle3-system"}
@@ -93,7 +108,9 @@ def test_cluster_wide_rbac(tmp_path):
     (runtime_sa,) = [
         sa for sa in by_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "eagle3-runtime"
     ]
-    (runtime_binding,) = by_kind(objects, "RoleBinding")
+    (runtime_binding,) = [
+        b for b in by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] == "team-c"
+    ]
     assert runtime_sa["metadata"]["namespace"] == runtime_binding["metadata"]["namespace"] == "team-c"
     assert runtime_binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "eagle3-eagle3-operator-runtime",
@@ -105,9 +122,10 @@ def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
     _, container = operator_container(objects)
     assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     roles = by_kind(objects, "Role")
-    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["eagle3-system", "team-a", "team-b"]
     bindings = by_kind(objects, "RoleBinding")
     assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in bindings) == [
+        ("eagle3-system", "Role"),  # the leader election Lease
         ("team-a", "ClusterRole"), ("team-a", "Role"), ("team-b", "ClusterRole"), ("team-b", "Role"),
     ]  # fmt: skip
     # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only);
@@ -135,6 +153,27 @@ def test_rbac_is_least_privilege(name, tmp_path):
             assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, (
                 "pods are created by Jobs/Deployments"
             )
+
+
+def test_leader_election_pdb_and_a_single_replica_without_it(tmp_path):
+    objects = render(tmp_path)
+    (budget,) = by_kind(objects, "PodDisruptionBudget")
+    deployment, container = operator_container(objects)
+    assert budget["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+    (lease_role,) = by_kind(objects, "Role")
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    # One replica without leader election: the old pod goes first, no budget, no Lease.
+    objects = render(tmp_path, {"replicas": 1, "leaderElection": {"enabled": False}})
+    deployment, container = operator_container(objects)
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in container["args"] if a.startswith("--leader-elect")]
+    assert by_kind(objects, "PodDisruptionBudget") == [] and by_kind(objects, "Role") == []
+    # The leader must stop before its Lease can expire.
+    with pytest.raises(HelmError) as failure:
+        render(tmp_path, {"leaderElection": {"renewDeadline": 20}})
+    assert "retryPeriod < renewDeadline < leaseDuration" in failure.value.stderr
 
 
 def test_operator_may_set_block_owner_deletion_on_its_children(tmp_path):
@@ -260,7 +299,9 @@ BAD_VALUES = [
     ({"operator": {"livenessPort": 70000}}, "/operator/livenessPort"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
-    ({"replicas": 2}, "replicas"),
+    ({"replicas": 0}, "/replicas"),
+    ({"replicas": 2, "leaderElection": {"enabled": False}}, "/leaderElection/enabled"),
+    ({"leaderElection": {"leaseDuration": "15s"}}, "/leaderElection/leaseDuration"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"resources": {"requests": {"memory": None}}}, "memory"),  # null deletes the default
     ({"prometheusRule": {"rateWindow": "5 minutes"}}, "/prometheusRule/rateWindow"),

@@ -51,10 +51,13 @@ def install_crds(cluster: LocalCluster) -> None:
 class OperatorProcess:
     """The operator as a subprocess watching the given namespaces; logs go to a file."""
 
-    def __init__(self, cluster: LocalCluster, namespaces: list[str], log_path: Path):
+    def __init__(
+        self, cluster: LocalCluster, namespaces: list[str], log_path: Path, extra_args: tuple[str, ...] = ()
+    ):
         self.cluster = cluster
         self.namespaces = namespaces
         self.log_path = log_path
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.starts = 0
@@ -66,6 +69,7 @@ class OperatorProcess:
                 "--metrics-port", str(self.metrics_port), "--liveness-port", str(liveness_port)]  # fmt: skip
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
+        args += self.extra_args
         log = self.log_path.open("ab")
         log.write(f"\n===== operator start {self.starts + 1} =====\n".encode())
         log.flush()
@@ -96,6 +100,12 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no Lease release (a crashed node, an OOM kill)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self.proc = None
 
     def restart(self) -> None:

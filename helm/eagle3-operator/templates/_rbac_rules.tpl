@@ -21,16 +21,17 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
-# Target and serving Deployments and Services (server-side apply creates and patches).
+# Target and serving Deployments and Services (server-side apply creates and patches); watched,
+# like the workspace PVCs, to keep the reconciles' cache.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, list, create]
+  verbs: [get, list, watch, create]
 # Stage results (termination messages) and progress annotations.
 - apiGroups: [""]
   resources: [pods]
