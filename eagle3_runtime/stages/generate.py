@@ -23,10 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt source (JSONL, Parquet or a dataset directory); repeat to mix sources by weight",
     )
     parser.add_argument("--num-samples", type=int, required=True)
-    parser.add_argument("--max-tokens", type=int, default=512)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at most")
+    # Defaults are the DraftTraining CRD's (spec.data).
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--on-bad-row", choices=["skip", "fail"], default="skip", help="what to do with a malformed input row"

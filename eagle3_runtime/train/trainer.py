@@ -41,9 +41,10 @@ class TrainSettings:
     learning_rate: float
     batch_tokens: int  # tokens per optimizer step, over all ranks
     seq_len: int = 2048
-    ttt_steps: int = 7
+    # Defaults are the DraftTraining CRD's (eagle3_operator.api.draft_training.TrainingSpec).
+    ttt_steps: int = 3
     loss_decay: float = 0.8
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 500  # 0: only at the end
     seed: int = 0
     warmup_steps: int | None = None  # default: 5 % of the steps
     weight_decay: float = 0.0

@@ -51,6 +51,8 @@ from eagle3_operator.reconcile.stuck import (
     first_pod_problem,
     job_creation_problem,
 )
+from eagle3_runtime import stage_plan
+from eagle3_runtime.stage_plan import StageInputError, server_for, workspace_claim
 
 STAGE_CONDITIONS = {
     "generate": "Generated",
@@ -85,10 +87,6 @@ STAGE_REASONS = {
     "Pending": "Pending",
 }
 WAITING_REASONS = {"target": "WaitingForTarget", "stream": "WaitingForStreamServer"}
-
-
-class StageError(Exception):
-    """A stage cannot be planned from what earlier stages reported."""
 
 
 @dataclass
@@ -128,33 +126,8 @@ class TrainingObserved:
         ]
 
 
-def pipeline(dt: DraftTraining) -> list[str]:
-    stages = ["generate"]
-    if dt.spec.hidden_states.mode == "offline":
-        stages.append("extract")
-    stages += ["train", "evaluate", "select", "export"]
-    if dt.spec.export.quantize != "none":
-        stages.append("quantize")
-    return stages
-
-
-def server_for(dt: DraftTraining, stage: str | None) -> str | None:
-    """The long-running server a stage talks to: the target vLLM for generation, the streaming
-    extraction server (`eagle3 extract --mode streaming`) for streaming training; None otherwise
-    (the other stages load the target themselves or need no model)."""
-    if stage == "generate":
-        return "target"
-    if stage == "train" and dt.spec.hidden_states.mode == "streaming":
-        return "stream"
-    return None
-
-
 def server_name(dt: DraftTraining, server: str) -> str:
     return f"{dt.metadata['name']}-{server}"
-
-
-def workspace_claim(dt: DraftTraining) -> str:
-    return dt.spec.storage.existing_claim or f"{dt.metadata['name']}-workspace"
 
 
 def trainer_service_name(dt: DraftTraining) -> str:
@@ -171,37 +144,28 @@ def job_name(dt: DraftTraining, stage: str, attempt: int, suffix: str = "") -> s
     return meta.dns_label(name)
 
 
-def export_destination(dt: DraftTraining) -> tuple[str, str, str]:
-    """(claim, path inside the claim, path inside the pods) of the final draft."""
-    export = dt.spec.export
-    if export.claim_name:
-        path = export.path or dt.metadata["name"]
-        return export.claim_name, path, f"/export/{path}"
-    path = "export" if export.quantize == "none" else f"export-{export.quantize}"
-    return workspace_claim(dt), path, f"{WORKSPACE}/{path}"
+class PodLocations:
+    """Where a stage pod finds what the spec names (stage_plan.Locations): the workspace at
+    /workspace, models under /models/ROLE, read-only data claims under /sources/CLAIM, the export
+    claim at /export; each claim is added to the pod's volumes when first used."""
 
+    workspace = WORKSPACE
 
-def _num(value: float) -> str:
-    return format(value, "g")
+    def __init__(self, mounts: Mounts):
+        self.mounts = mounts
+        self._sources: dict[str, str] = {}
 
+    def model(self, ref: str, role: str) -> str:
+        return model_location(ref, role, self.mounts)
 
-def _layer_ids(dt: DraftTraining) -> str:
-    ids = dt.spec.hidden_states.layer_ids
-    return ",".join(str(i) for i in ids) if ids else "auto"
+    def dataset(self, claim: str, path: str) -> str:
+        volume = self._sources.setdefault(claim, f"source-{len(self._sources)}")
+        self.mounts.add_claim(volume, claim, f"/sources/{claim}", read_only=True)
+        return f"/sources/{claim}/{path}"
 
-
-def checkpoints_to_evaluate(dt: DraftTraining, train_metrics: dict[str, Any]) -> list[int]:
-    """Every Nth checkpoint the trainer reported, and always the last one."""
-    steps = sorted({int(s) for s in train_metrics.get("checkpoints") or []})
-    if not steps and train_metrics.get("step") is not None:
-        steps = [int(train_metrics["step"])]
-    if not steps:
-        raise StageError("the train stage reported no checkpoints")
-    every = dt.spec.evaluation.every_checkpoints
-    chosen = [s for i, s in enumerate(steps, start=1) if i % every == 0]
-    if steps[-1] not in chosen:
-        chosen.append(steps[-1])
-    return chosen
+    def output(self, claim: str, path: str) -> str:
+        self.mounts.add_claim("export", claim, "/export")
+        return f"/export/{path}"
 
 
 class TrainingPlanner:
@@ -249,7 +213,7 @@ class TrainingPlanner:
         hidden states to the trainer over zmq (STREAM_PORT)."""
         spec = self.dt.spec
         mounts = Mounts()
-        model = model_location(spec.target.model, "target", mounts)
+        argv = stage_plan.stream_server_argv(self.dt, PodLocations(mounts), VLLM_PORT, STREAM_PORT)
         mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
         mounts.add_shm(spec.target.shm_size)
         probe = {
@@ -261,22 +225,7 @@ class TrainingPlanner:
             "name": STAGE_CONTAINER,
             "image": spec.runtime.image,
             "imagePullPolicy": spec.runtime.image_pull_policy,
-            "command": [
-                "eagle3",
-                "extract",
-                "--workspace",
-                WORKSPACE,
-                "--mode",
-                "streaming",
-                "--target",
-                model,
-                "--layer-ids",
-                _layer_ids(self.dt),
-                "--port",
-                str(VLLM_PORT),
-                "--stream-port",
-                str(STREAM_PORT),
-            ],  # fmt: skip
+            "command": ["eagle3", *argv],
             "ports": [
                 {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
                 {"name": "stream", "containerPort": STREAM_PORT, "protocol": "TCP"},
@@ -354,52 +303,54 @@ class TrainingPlanner:
 
     def stage_job(
         self,
-        stage: str,
         name: str,
-        args: list[str],
+        argv: list[str],
         mounts: Mounts,
         *,
         gpus: int = 0,
         nodes: int = 1,
         extra_resources: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A Job whose pods run `eagle3 <stage> ...` over the workspace (docs/contracts.md)."""
+        """A Job whose pods run `eagle3 STAGE ...` (argv from stage_plan) over the workspace
+        (docs/contracts.md)."""
         spec = self.dt.spec
+        stage = argv[0]
         mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
         if gpus:
             mounts.add_shm(spec.target.shm_size)
-        command = ["eagle3", stage, *args, "--result-file", TERMINATION_LOG]
+        command = ["eagle3", *argv, "--result-file", TERMINATION_LOG]
         env = [*downward_env(), {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"}]
         env += hf_token_env(spec.target)
         if gpus:
             env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
         pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
-        if nodes > 1 or (stage == "train" and spec.training.gpus_per_node > 1):
-            # torchrun starts one process per GPU; with several pods, rank 0 is the Job's index-0 pod,
-            # reached through the headless Service.
-            env.append(
-                {
-                    "name": "NODE_RANK",
-                    "valueFrom": {
-                        "fieldRef": {
-                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-                        }
-                    },
-                }
-            )
-            master = f"{name}-0.{trainer_service_name(self.dt)}"
-            command = [
-                "torchrun",
-                f"--nnodes={nodes}",
-                f"--nproc-per-node={spec.training.gpus_per_node}",
-                "--node-rank=$(NODE_RANK)",
-                f"--master-addr={master}" if nodes > 1 else "--master-addr=127.0.0.1",
-                f"--master-port={TORCHRUN_PORT}",
-                "--no-python",
-                *command,
-            ]
-            if nodes > 1:
+        if stage == "train" and (nodes > 1 or spec.training.gpus_per_node > 1):
+            # torchrun starts one process per GPU.
+            launcher = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={spec.training.gpus_per_node}"]
+            if nodes == 1:
+                # One pod rendezvouses with itself; its Job is not Indexed, so no completion index
+                # (rank) exists to pass.
+                launcher.append("--standalone")
+            else:
+                # Several pods: the rank is the pod's completion index in the Indexed Job, and rank 0
+                # (the index-0 pod) is reached through the headless Service.
+                env.append(
+                    {
+                        "name": "NODE_RANK",
+                        "valueFrom": {
+                            "fieldRef": {
+                                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                            }
+                        },
+                    }
+                )
+                launcher += [
+                    "--node-rank=$(NODE_RANK)",
+                    f"--master-addr={name}-0.{trainer_service_name(self.dt)}",
+                    f"--master-port={TORCHRUN_PORT}",
+                ]
                 pod_spec["subdomain"] = trainer_service_name(self.dt)
+            command = [*launcher, "--no-python", *command]
         container = {
             "name": STAGE_CONTAINER,
             "image": spec.runtime.image,
@@ -447,102 +398,34 @@ class TrainingPlanner:
         }
 
     def stage_jobs(self, stage: str, attempt: int) -> list[dict[str, Any]]:
+        """The Jobs of one stage, each running its stage_plan command with the volumes that names."""
         spec = self.dt.spec
+        if stage == "evaluate":
+            jobs = []
+            for step in stage_plan.checkpoints_to_evaluate(
+                self.dt, self._stage_record("train").get("metrics") or {}
+            ):
+                mounts = Mounts()
+                argv = stage_plan.stage_argv(self.dt, stage, PodLocations(mounts), step=step)
+                name = job_name(self.dt, stage, attempt, str(step))
+                jobs.append(self.stage_job(name, argv, mounts, gpus=spec.target.gpus))
+            return jobs
         mounts = Mounts()
+        server = server_for(self.dt, stage)
+        argv = stage_plan.stage_argv(
+            self.dt, stage, PodLocations(mounts), server=self.server_url(server) if server else None
+        )
         name = job_name(self.dt, stage, attempt)
-        common = ["--workspace", WORKSPACE]
-        if stage == "generate":
-            args = [*common, "--server", self.server_url(), "--model", spec.target.model]
-            claims: dict[str, str] = {}
-            for source in spec.data.sources:
-                volume = claims.setdefault(source.claim_name, f"source-{len(claims)}")
-                mounts.add_claim(volume, source.claim_name, f"/sources/{source.claim_name}", read_only=True)
-                arg = f"/sources/{source.claim_name}/{source.path},mode={source.mode},weight={_num(source.weight)}"
-                if source.prompt_field:
-                    arg += f",prompt-field={source.prompt_field}"
-                if source.messages_field:
-                    arg += f",messages-field={source.messages_field}"
-                args += ["--source", arg]
-            data = spec.data
-            args += [
-                "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
-                "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
-                "--concurrency", str(data.concurrency), "--seed", str(data.seed), "--on-bad-row", data.on_bad_row,
-            ]  # fmt: skip
-            return [self.stage_job(stage, name, args, mounts)]
         if stage == "extract":
-            model = model_location(spec.target.model, "target", mounts)
-            args = [*common, "--mode", "offline", "--target", model, "--layer-ids", _layer_ids(self.dt)]
-            return [self.stage_job(stage, name, args, mounts, gpus=spec.target.gpus)]
+            return [self.stage_job(name, argv, mounts, gpus=spec.target.gpus)]
         if stage == "train":
             training = spec.training
-            model = model_location(spec.target.model, "target", mounts)
-            args = [*common, "--target", model, "--hidden-states", spec.hidden_states.mode]
-            if spec.hidden_states.mode == "streaming":
-                args += ["--server", self.server_url("stream")]
-            args += [
-                "--layer-ids", _layer_ids(self.dt), "--draft-vocab-size", str(spec.draft.vocab_size),
-                "--draft-layers", str(spec.draft.layers),
-                *training.length_args, "--learning-rate", _num(training.learning_rate),
-                "--batch-tokens", str(training.batch_tokens), "--ttt-steps", str(training.ttt_steps),
-                "--loss-decay", _num(training.loss_decay), "--checkpoint-every", str(training.checkpoint_every),
-                "--seed", str(training.seed),
-            ]  # fmt: skip
-            if spec.draft.initialization.source == "checkpoint":
-                args += ["--init-checkpoint", model_location(spec.draft.initialization.path, "init", mounts)]
             job = self.stage_job(
-                stage, name, args, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
+                name, argv, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
                 extra_resources=training.resources,
             )  # fmt: skip
             return [job]
-        if stage == "evaluate":
-            steps = checkpoints_to_evaluate(self.dt, self._stage_record("train").get("metrics") or {})
-            prompts = spec.evaluation.prompts or spec.data.sources[0]
-            # Prompts borrowed from a data source are read the way generation read them.
-            mode = f",mode={prompts.mode}" if hasattr(prompts, "mode") else ""
-            jobs = []
-            for step in steps:
-                job_mounts = Mounts()
-                model = model_location(spec.target.model, "target", job_mounts)
-                job_mounts.add_claim("prompts", prompts.claim_name, "/prompts", read_only=True)
-                args = [
-                    *common, "--target", model, "--checkpoint", f"step-{step:08d}",
-                    "--prompts", f"/prompts/{prompts.path}{mode}",
-                    "--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens),
-                    # One baseline per prompt set, shared by every checkpoint's Job: a second vLLM
-                    # start per checkpoint would double the evaluators' GPU time for a number
-                    # that does not pick the checkpoint (acceptance length does).
-                    "--baseline", "cached",
-                ]  # fmt: skip
-                if spec.target.max_model_len:
-                    args += ["--max-model-len", str(spec.target.max_model_len)]
-                jobs.append(
-                    self.stage_job(
-                        stage,
-                        job_name(self.dt, stage, attempt, str(step)),
-                        args,
-                        job_mounts,
-                        gpus=spec.target.gpus,
-                    )
-                )
-            return jobs
-        if stage == "select":
-            return [self.stage_job(stage, name, common, mounts)]
-        claim, _, final_dir = export_destination(self.dt)
-        if claim != workspace_claim(self.dt):
-            mounts.add_claim("export", claim, "/export")
-        if stage == "export":
-            output = final_dir if spec.export.quantize == "none" else f"{WORKSPACE}/export"
-            args = [*common, "--checkpoint", "best", "--format", spec.export.format, "--output", output]
-            if spec.export.format == "speculators" and not spec.target.model.startswith("pvc://"):
-                # The speculators format records its verifier, so `vllm serve DRAFT` finds the target.
-                args += ["--target", spec.target.model]
-                args += ["--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens)]
-            return [self.stage_job(stage, name, args, mounts)]
-        if stage == "quantize":
-            args = ["--input", f"{WORKSPACE}/export", "--output", final_dir, "--scheme", spec.export.quantize]
-            return [self.stage_job(stage, name, args, mounts)]
-        raise ValueError(f"unknown stage {stage}")
+        return [self.stage_job(name, argv, mounts)]
 
     # ---- state machine ---------------------------------------------------------------------------
 
@@ -597,8 +480,8 @@ class TrainingPlanner:
         if stage == "select":
             best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
             updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
-        if stage == pipeline(self.dt)[-1]:
-            claim, path, _ = export_destination(self.dt)
+        if stage == stage_plan.stages(self.dt)[-1]:
+            claim, path = stage_plan.export_destination(self.dt)
             updates["export"] = {
                 "claimName": claim,
                 "path": path,
@@ -634,7 +517,7 @@ class TrainingPlanner:
         record = self.records[stage]
         try:
             desired = self.stage_jobs(stage, record.get("attempt", 0))
-        except StageError as exc:
+        except StageInputError as exc:
             self._fail(stage, "InvalidStageInput", str(exc))
             return False
         outcomes = []
@@ -734,7 +617,7 @@ class TrainingPlanner:
         dt = self.dt
         old_status = self.body.get("status") or {}
         status = copy.deepcopy(old_status)
-        stages = pipeline(dt)
+        stages = stage_plan.stages(dt)
         previous = {s["name"]: s for s in status.get("stages") or []}
         self.records = {
             name: previous.get(name)
