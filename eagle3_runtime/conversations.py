@@ -156,11 +156,8 @@ def iter_records(directory: str | Path) -> Iterator[ConversationRecord]:
                     raise ValueError(f"{path}:{line_number}: not a conversation record: {exc}") from exc
 
 
-def record_sequences(
-    record: ConversationRecord, tokenizer, max_length: int | None = None
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """-> [(input_ids [T] int64, loss_mask [T] bool)], one per training sequence of the record,
-    each cut to `max_length` tokens."""
+def record_sequences(record: ConversationRecord, tokenizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """-> [(input_ids [T] int64, loss_mask [T] bool)], one per training sequence of the record."""
     if record.generations:
         pairs = expand_generations(record.generations)
     elif record.prompt_token_ids is not None and record.completion_token_ids is not None:
@@ -171,10 +168,7 @@ def record_sequences(
         prompt = tokenizer(record.prompt)["input_ids"]
         pairs = [(prompt, tokenizer(record.completion, add_special_tokens=False)["input_ids"])]
     return [
-        (
-            torch.tensor(ids[:max_length] if max_length else ids, dtype=torch.int64),
-            torch.tensor(mask[:max_length] if max_length else mask, dtype=torch.bool),
-        )
+        (torch.tensor(ids, dtype=torch.int64), torch.tensor(mask, dtype=torch.bool))
         for ids, mask in training_sequences(pairs)
     ]
 
@@ -249,13 +243,17 @@ def _chat_template_pairs(record: ConversationRecord, tokenizer) -> list[TokenPai
 def tokenized_records(
     records: Iterable[ConversationRecord], tokenizer, max_length: int | None = None
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(input_ids, loss_mask) per training sequence, skipping (and reporting) those with
-    nothing to learn within `max_length` tokens."""
+    """(input_ids, loss_mask) per training sequence, cut to `max_length` tokens, skipping (and
+    reporting) those with nothing to learn within them."""
     cut = 0
     for record in records:
-        for number, (ids, mask) in enumerate(record_sequences(record, tokenizer, max_length)):
+        sequences = record_sequences(record, tokenizer)
+        if not sequences:
+            log.warning("record %s (%s) has no generated turn; skipped", record.id, record.meta.get("source"))
+        for number, (ids, mask) in enumerate(sequences):
+            if max_length is not None and ids.numel() > max_length:
+                ids, mask, cut = ids[:max_length], mask[:max_length], cut + 1
             if ids.numel() >= 2 and bool(mask.any()):
-                cut += ids.numel() == max_length
                 yield ids, mask
             else:
                 log.warning(
@@ -266,7 +264,7 @@ def tokenized_records(
                     max_length,
                 )
     if cut:
-        log.info("%d sequences reach the cut at %s tokens", cut, max_length)
+        log.info("%d sequences cut at %d tokens", cut, max_length)
 
 
 def iter_token_records(

@@ -92,7 +92,7 @@ def test_server_token_ids_are_used_verbatim(tokenizer):
         prompt_token_ids=[5, 6, 7],
         completion_token_ids=[8, 9],
     )
-    [(ids, mask)] = record_sequences(record, tokenizer, max_length=4)
+    [(ids, mask)] = tokenized_records([record], tokenizer, max_length=4)
     assert ids.tolist() == [5, 6, 7, 8]
     assert mask.tolist() == [False, False, False, True]
 
