@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> StageResult:
     if summary.long_samples_truncated:
         message += f"; cut {summary.long_samples_truncated} long samples"
     if summary.stopped_early:
-        message += f"; {summary.stopped_early} conversations end where the target's tool calls left the source's"
+        message += (
+            f"; {summary.stopped_early} conversations end where the target's tool calls left the source's"
+        )
     return StageResult(
         stage="generate",
         message=message,
