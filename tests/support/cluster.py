@@ -45,7 +45,7 @@ complete_pod / fail_pod write what a kubelet would: phase, Ready=False and a ter
 pods no Job owns, and Job pods that are *manual* (namespace from create_namespace(manual=True), or
 label testbed_kwok.MANUAL_LABEL=true). Other Job pods kwok ends with Succeeded after about 1 s.
 
-Run `python -m tests.support.cluster` (what `make cluster` does) to keep one up until Ctrl-C.
+Run `python -m tests.support.cluster --real-node` (what `make cluster` does) to keep one up until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -95,6 +95,9 @@ CONTROLLERS = (
     "daemonset-controller",
     "deployment-controller",
     "disruption-controller",
+    # Endpoints (besides EndpointSlices): the API server's service proxy and Prometheus's
+    # `role: endpoints` discovery read them.
+    "endpoints-controller",
     "endpointslice-controller",
     "garbage-collector-controller",
     "job-controller",
@@ -821,8 +824,8 @@ def main() -> None:
     parser.add_argument(
         "--real-node",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also start the real worker node (needs root; binaries from hack/build-node.sh)",
+        default=False,
+        help="also start the real worker node (what `make cluster` does; needs root; hack/build-node.sh)",
     )
     args = parser.parse_args()
 

@@ -816,6 +816,11 @@ class RealNode:
     def _base_runtime_spec(self) -> Path:
         """containerd's default container spec plus read-only mounts of the host's /usr and Python."""
         spec = json.loads(_run(self._bin("ctr"), "oci", "spec"))
+        # What the CRI plugin strips from that default when no base spec is configured (it keeps
+        # a base spec's): the 1024-file limit (containers get containerd's own), AppArmor, seccomp.
+        spec["process"].pop("rlimits", None)
+        spec["process"].pop("apparmorProfile", None)
+        spec["linux"].pop("seccomp", None)
         for path in ["/usr", *python_prefixes()]:
             spec["mounts"].append(
                 {

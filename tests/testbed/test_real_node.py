@@ -225,6 +225,28 @@ def test_non_root_pod_writes_a_fresh_volume_only_with_fs_group(cluster, real_nod
     wait_until(lambda: not path.exists(), timeout=60, interval=0.5, what="the released volume to be deleted")
 
 
+def test_host_directory_reaches_a_pod_read_only_through_a_bound_claim(cluster, real_node_namespace, tmp_path):
+    ns = real_node_namespace
+    model = tmp_path / "model"
+    model.mkdir(mode=0o755)
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    cluster.real_node.host_path_claim(cluster, ns, "models", model)
+    manifest = pod(
+        "reader",
+        "cat /models/config.json; echo; touch /models/new 2>&1 || true",
+        volumeMounts=[{"name": "models", "mountPath": "/models", "readOnly": True}],
+    )
+    manifest["spec"]["volumes"] = [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}]
+    create(cluster, ns, manifest)
+
+    done = finished(cluster, ns, "reader")
+    logs = cluster.kubectl("logs", "-n", ns, "reader").splitlines()
+    assert done["status"]["phase"] == "Succeeded", logs
+    assert logs[0] == '{"architectures": ["LlamaForCausalLM"]}'
+    assert "Read-only file system" in logs[1]
+    assert not (model / "new").exists()
+
+
 def test_readiness_probe_gates_ready(cluster, real_node_namespace):
     ns = real_node_namespace
     probe = {"exec": {"command": ["cat", "/tmp/ready"]}, "periodSeconds": 1, "failureThreshold": 1}
@@ -296,6 +318,11 @@ def test_pod_reaches_another_pod_through_service_ip_and_dns(cluster, real_node_n
     assert "10.255.255.53" not in logs
     assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in logs
     assert "outside-not-resolved" in logs
+    # From this host, through the API server's service proxy (Endpoints, and the route to pod IPs).
+    assert (
+        cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{ns}/services/web:80/proxy/")
+        == "hello from web\n"
+    )
 
 
 def test_pod_reaches_the_api_server_through_the_kubernetes_service(cluster, real_node_namespace):
