@@ -156,19 +156,21 @@ def wait_until(
         time.sleep(interval)
 
 
-def find_bin_dir() -> Path:
-    """The directory with the test-bed binaries: $EAGLE3_TESTBED_BIN, else built (cached) by the script."""
-    configured = os.environ.get("EAGLE3_TESTBED_BIN")
+def find_bin_dir(
+    env_var: str = "EAGLE3_TESTBED_BIN", script: Path = BUILD_SCRIPT, binaries: tuple[str, ...] = BINARIES
+) -> Path:
+    """The directory with built binaries: $env_var, else built (cached) by the script, which prints it."""
+    configured = os.environ.get(env_var)
     if configured:
         bin_dir = Path(configured)
     else:
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
+        result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
         if result.returncode != 0:
-            raise ClusterError(f"{BUILD_SCRIPT} failed with exit code {result.returncode} (its log is above)")
+            raise ClusterError(f"{script} failed with exit code {result.returncode} (its log is above)")
         bin_dir = Path(result.stdout.strip().splitlines()[-1])
-    missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    missing = [name for name in binaries if not os.access(bin_dir / name, os.X_OK)]
     if missing:
-        raise ClusterError(f"test-bed binaries {missing} missing in {bin_dir}; run {BUILD_SCRIPT}")
+        raise ClusterError(f"binaries {missing} missing in {bin_dir}; run {script}")
     return bin_dir
 
 
@@ -225,7 +227,11 @@ class LocalCluster:
     ) -> None:
         self.bin_dir = bin_dir or find_bin_dir()
         # Checked (root, binaries) before anything starts; started in start().
-        self.real_node = realnode.RealNode() if real_node else None
+        self.real_node = (
+            realnode.RealNode(find_bin_dir(realnode.BIN_ENV, realnode.BUILD_SCRIPT, realnode.BINARIES))
+            if real_node
+            else None
+        )
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="eagle3-testbed-"))
         self.log_dir = self.workdir / "logs"
         self.gpu_nodes = [f"gpu-node-{i}" for i in range(gpu_nodes)]
@@ -296,9 +302,9 @@ class LocalCluster:
                     component.process.wait()
                 # The group may hold children of the component; none may outlive it.
                 self._signal(component, signal.SIGKILL)
-            if self.real_node is not None and tier is tiers[0]:
-                # The node's processes are gone with its namespace holder; what is left is cgroups.
-                self.real_node.cleanup()
+        if self.real_node is not None:
+            # The node's processes are gone with its namespace holder; what is left is cgroups.
+            self.real_node.cleanup()
         if remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -369,10 +375,7 @@ class LocalCluster:
         self._wait(deadline, "the default ServiceAccount", lambda: self._default_service_account("default"))
         if self.real_node is not None:
             node = self.real_node
-            node.start(self, self._spawn, ca)
-            self.start_timings["real node: daemons started, images imported"] = (
-                time.monotonic() - self._started_at
-            )
+            node.start(self, self._spawn, lambda what, ready: self._wait(deadline, what, ready), ca)
             self._wait(deadline, "the real node Ready with its GPUs, CoreDNS Ready", lambda: node.ready(self))
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -6,7 +6,7 @@ stand-in AMD GPU device plugin (hack/testbed/node/amdgpu-device-plugin), all bui
 hack/build-node.sh. The node lives in namespaces of its own, made by `unshare` around a pause
 process (the namespace holder):
   * network: only loopback, a bridge for the pods and one veth to the host. The host end holds the
-    address the API server serves on (API_HOST_IP), the node end is the node's InternalIP; there is
+    address the API server serves on (RealNode.api_host), the node end is the node's InternalIP; there is
     no default route and no masquerading, so nothing in the node reaches beyond this machine. The
     host routes the node's pod range to the node (so the API server and tests reach pod IPs).
     kube-proxy's nftables rules and the bridge live in the node's network namespace only;
@@ -50,6 +50,7 @@ import yaml
 from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
 from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
+from eagle3_runtime.tiny_target import cache_root
 from tests.support import oci_image, testbed_kwok, testbed_pki
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-node.sh"
-NODE_BINARIES = (
+BIN_ENV = "EAGLE3_NODE_BIN"  # the script's output directory, when already built
+BINARIES = (
     "kubelet",
     "kube-proxy",
     "containerd",
@@ -105,9 +107,8 @@ RUNTIME_HOME = "/home/eagle3"
 SLOTS = 64
 HOST_LINK_PREFIX = "e3rn"
 CGROUP_PREFIX = "eagle3-realnode-"
-START_TIMEOUT_S = 90.0
-# The kubelet evicts at these (defaults are 100Mi memory and 10-15 % disk, which a shared
-# development machine can reach for reasons that have nothing to do with the test bed).
+# The kubelet evicts at these (its disk defaults, 10-15 % free, a shared development machine can
+# reach for reasons that have nothing to do with the test bed).
 EVICTION_HARD = {
     "memory.available": "100Mi",
     "nodefs.available": "1%",
@@ -130,24 +131,6 @@ def on_real_node(pod_spec: dict) -> dict:
     }
 
 
-def find_node_bin_dir() -> Path:
-    """The directory with the node's binaries: $EAGLE3_NODE_BIN, else built (cached) by the script."""
-    configured = os.environ.get("EAGLE3_NODE_BIN")
-    if configured:
-        bin_dir = Path(configured)
-    else:
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
-        if result.returncode != 0:
-            raise RealNodeError(
-                f"{BUILD_SCRIPT} failed with exit code {result.returncode} (its log is above)"
-            )
-        bin_dir = Path(result.stdout.strip().splitlines()[-1])
-    missing = [name for name in NODE_BINARIES if not os.access(bin_dir / name, os.X_OK)]
-    if missing:
-        raise RealNodeError(f"real-node binaries {missing} missing in {bin_dir}; run {BUILD_SCRIPT}")
-    return bin_dir
-
-
 def _check_host() -> None:
     if os.geteuid() != 0:
         raise RealNodeError("the real node needs root (network and mount namespaces, cgroups)")
@@ -158,7 +141,7 @@ def _check_host() -> None:
 
 @dataclass(frozen=True)
 class Slot:
-    """Addresses and names of one real node; `_claim` holds it until the process exits."""
+    """Addresses and names of one real node; `claim` holds it until the process exits."""
 
     index: int
     claim: socket.socket  # also held by the node's janitor, so the slot stays taken until it is clean
@@ -233,8 +216,8 @@ def _make_cgroup(name: str) -> None:
                     (hierarchy / name / knob).write_text((hierarchy / knob).read_text())
 
 
-def _run(*args: str, input: str | None = None) -> str:
-    result = subprocess.run(list(args), input=input, capture_output=True, text=True)
+def _run(*args: str) -> str:
+    result = subprocess.run(list(args), capture_output=True, text=True)
     if result.returncode != 0:
         raise RealNodeError(f"{shlex.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result.stdout
@@ -243,10 +226,10 @@ def _run(*args: str, input: str | None = None) -> str:
 # ---- images ---------------------------------------------------------------------------------------
 
 
-def runtime_image_entries(python_prefixes: list[str]) -> list[oci_image.Entry]:
+def runtime_image_entries() -> list[oci_image.Entry]:
     """The test runtime image: images/runtime/Dockerfile's user, env, workdir and entrypoint, with
     this checkout's eagle3_runtime and eagle3_operator, but no Python of its own: the host's /usr and
-    the test Python (`python_prefixes`, the venv and its base) are bind-mounted read-only into every
+    the test Python (python_prefixes(): the venv and its base) are bind-mounted read-only into every
     container (containerd's base runtime spec), at the paths the venv's scripts name.
     """
     uid = RUNTIME_UID
@@ -302,9 +285,10 @@ def runtime_image_config(venv: str) -> oci_image.ImageConfig:
 
 
 def python_prefixes() -> list[str]:
-    """The running Python's venv and base installation, unless inside /usr (mounted anyway)."""
-    prefixes = sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)})
-    return [p for p in prefixes if p != "/usr" and not p.startswith("/usr/")]
+    """The running Python's venv and base installation (as named and as resolved, since scripts and
+    links name either), unless inside /usr, which is mounted anyway."""
+    prefixes = {p for prefix in (sys.prefix, sys.base_prefix) for p in (prefix, os.path.realpath(prefix))}
+    return sorted(p for p in prefixes if p != "/usr" and not p.startswith("/usr/"))
 
 
 # ---- Kubernetes objects ---------------------------------------------------------------------------
@@ -436,13 +420,13 @@ class LocalVolumeProvisioner:
     deleted) is deleted with its directory (reclaim policy Delete).
     """
 
-    def __init__(self, cluster: LocalCluster, volumes_dir: Path, interval: float = 0.5) -> None:
+    def __init__(self, cluster: LocalCluster, volumes_dir: Path, log: Path, interval: float = 0.5) -> None:
         self._cluster = cluster
         self._dir = volumes_dir
+        self._log = log
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="real-node-provisioner", daemon=True)
-        self.errors: list[str] = []
 
     def start(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -457,8 +441,9 @@ class LocalVolumeProvisioner:
         while not self._stop.wait(self._interval):
             try:
                 self.sync()
-            except Exception as error:  # noqa: BLE001 - kept for the test bed's error report; retried
-                self.errors = [*self.errors[-9:], repr(error)]
+            except Exception as error:  # logged with the test bed's other logs, and retried
+                with self._log.open("a") as log:
+                    log.write(f"{time.strftime('%H:%M:%S')} {error!r}\n")
 
     def sync(self) -> None:
         request = self._cluster.request
@@ -478,8 +463,7 @@ class LocalVolumeProvisioner:
         for volume in mine:
             if volume["status"].get("phase") == "Released":
                 shutil.rmtree(volume["spec"]["local"]["path"], ignore_errors=True)
-                with contextlib.suppress(Exception):
-                    request("DELETE", f"/api/v1/persistentvolumes/{volume['metadata']['name']}")
+                request("DELETE", f"/api/v1/persistentvolumes/{volume['metadata']['name']}")
 
     def _provision(self, claim: dict) -> None:
         name = f"pvc-{claim['metadata']['uid']}"
@@ -524,9 +508,9 @@ def _node_affinity() -> dict:
 class RealNode:
     """One real node of a LocalCluster; the cluster calls prepare(), start(), ready() and cleanup()."""
 
-    def __init__(self, bin_dir: Path | None = None) -> None:
+    def __init__(self, bin_dir: Path) -> None:
         _check_host()
-        self.bin_dir = bin_dir or find_node_bin_dir()
+        self.bin_dir = bin_dir
         self.dir = Path()  # the node's work directory, set by prepare()
         self.name = NODE_NAME
         self.slot: Slot | None = None
@@ -560,7 +544,7 @@ class RealNode:
     def prepare(self, workdir: Path, spawn: Callable[..., subprocess.Popen]) -> None:
         """Before the control plane starts: the namespaces, mounts and network link of the node."""
         self.dir = workdir
-        for sub in ("kubelet", "containerd", "pod-logs", "cni/net.d", "cni/ipam", "volumes", "pki"):
+        for sub in ("kubelet", "containerd", "pod-logs", "cni/net.d", "cni/ipam", "volumes"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.slot = Slot.claim_free()
         cgroup = self._slot.cgroup
@@ -585,24 +569,9 @@ class RealNode:
                 f"exec {shlex.quote(str(self.bin_dir / 'pause'))}",
             ]
         )
-        holder = spawn(
-            "node-namespaces",
-            [
-                "unshare",
-                "--mount",
-                "--net",
-                "--pid",
-                "--fork",
-                "--mount-proc",
-                "--kill-child",
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-                mounts,
-            ],
-        )
+        # --kill-child: the holder dies with unshare, which dies with this process (PDEATHSIG).
+        unshare = "unshare --mount --net --pid --fork --mount-proc --kill-child --propagation private --"
+        holder = spawn("node-namespaces", [*unshare.split(), "sh", "-c", mounts])
         self.holder_pid = self._wait_for_holder(holder)
         self._make_link()
 
@@ -625,19 +594,7 @@ class RealNode:
     def _make_link(self) -> None:
         slot = self._slot
         in_node = ["nsenter", f"--target={self.holder_pid}", "--net", "--"]
-        _run(
-            "ip",
-            "link",
-            "add",
-            slot.host_link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            str(self.holder_pid),
-        )
+        _run(*f"ip link add {slot.host_link} type veth peer name eth0 netns {self.holder_pid}".split())
         # IPv6 off on the host end: nothing to solicit or announce on a link that carries IPv4 only.
         Path(f"/proc/sys/net/ipv6/conf/{slot.host_link}/disable_ipv6").write_text("1")
         _run("ip", "addr", "add", f"{slot.host_ip}/30", "dev", slot.host_link)
@@ -661,9 +618,13 @@ class RealNode:
         self,
         cluster: LocalCluster,
         spawn: Callable[..., subprocess.Popen],
+        wait: Callable[[str, Callable[[], object]], None],
         ca: testbed_pki.CertificateAuthority,
     ) -> None:
-        """After the API server is up: the node's daemons, images, CoreDNS and storage."""
+        """After the API server is up: the node's daemons, images, CoreDNS and storage.
+
+        spawn(name, args, env) starts a component; wait(what, predicate) waits for a step.
+        """
         slot = self._slot
         node_env = {
             "PATH": f"{self.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -674,15 +635,11 @@ class RealNode:
         def in_node(*args: str) -> list[str]:
             return ["nsenter", f"--target={self.holder_pid}", "--mount", "--net", "--pid", "--", *args]
 
-        pki = self.dir / "pki"
         kubelet_client = ca.issue("kubelet-client", f"system:node:{self.name}", organization="system:nodes")
         kubelet_serving = ca.issue(
             "kubelet-serving", f"system:node:{self.name}", server_hosts=(self.name, slot.node_ip)
         )
         proxy_client = ca.issue("kube-proxy", "system:kube-proxy")
-        for src in (kubelet_client, kubelet_serving, proxy_client):
-            for path in (src.cert, src.key):
-                shutil.copy2(path, pki / path.name)
         kubeconfig = {
             name: testbed_pki.write_kubeconfig(
                 self.dir / f"{name}.kubeconfig",
@@ -702,8 +659,8 @@ class RealNode:
         )
         images = self._build_images()  # meanwhile; cached after the first start
         # The kubelet gives up at once when the runtime's socket is not there yet.
-        self._wait_for(
-            cluster, Path(f"/proc/{self.holder_pid}/root/run/containerd/containerd.sock").exists, "containerd"
+        wait(
+            "containerd's socket", Path(f"/proc/{self.holder_pid}/root/run/containerd/containerd.sock").exists
         )
         for archive in images:
             _run(*in_node(self._bin("ctr"), "--namespace=k8s.io", "images", "import", str(archive)))
@@ -729,13 +686,14 @@ class RealNode:
 
         cluster.request("POST", "/apis/storage.k8s.io/v1/storageclasses", storage_class_manifest())
         cluster.apply(coredns_manifests())
-        self.provisioner = LocalVolumeProvisioner(cluster, self.dir / "volumes")
+        self.provisioner = LocalVolumeProvisioner(
+            cluster, self.dir / "volumes", cluster.log_dir / "real-node-provisioner.log"
+        )
         self.provisioner.start()
         # The kubelet creates its registration socket at start; the plugin registers through it.
-        self._wait_for(
-            cluster,
-            (self.dir / "kubelet" / "device-plugins" / "kubelet.sock").exists,
+        wait(
             "the kubelet's device-plugin socket",
+            (self.dir / "kubelet" / "device-plugins" / "kubelet.sock").exists,
         )
         spawn(
             "amdgpu-device-plugin",
@@ -779,20 +737,8 @@ class RealNode:
     def _bin(self, name: str) -> str:
         return str(self.bin_dir / name)
 
-    @staticmethod
-    def _wait_for(
-        cluster: LocalCluster, predicate: Callable[[], bool], what: str, timeout: float = 30.0
-    ) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            cluster.check_running(f"waiting for {what}")
-            if time.monotonic() > deadline:
-                raise RealNodeError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(0.05)
-
     def _build_images(self) -> list[Path]:
-        cache = Path(os.environ.get("EAGLE3_CACHE", Path.home() / ".cache" / "eagle3-operator")) / "images"
-        prefixes = python_prefixes()
+        cache = cache_root() / "images"
         pause = oci_image.build(
             cache,
             [PAUSE_IMAGE],
@@ -808,8 +754,8 @@ class RealNode:
         runtime = oci_image.build(
             cache,
             list(RUNTIME_IMAGE_NAMES),
-            runtime_image_entries(prefixes),
-            runtime_image_config(os.path.realpath(sys.prefix)),
+            runtime_image_entries(),
+            runtime_image_config(sys.prefix),
         )
         return [pause, coredns, runtime]
 
