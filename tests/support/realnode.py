@@ -102,6 +102,13 @@ COREDNS_IMAGE = f"{IMAGE_PREFIX}/coredns:v1.15.0"
 RUNTIME_IMAGE_NAMES = (DEFAULT_RUNTIME_IMAGE, DEFAULT_VLLM_IMAGE)
 RUNTIME_UID = 1000  # the user of images/runtime/Dockerfile (gid 0, HOME /home/eagle3)
 RUNTIME_HOME = "/home/eagle3"
+# The chart's default operator image: values.yaml's image.repository, tagged with its appVersion.
+CHART = REPO_ROOT / "helm" / "eagle3-operator"
+OPERATOR_IMAGE = "{}:{}".format(
+    yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"],
+    yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"],
+)
+OPERATOR_UID = 65532  # the user of images/operator/Dockerfile
 
 # Slots: each running real node takes one; it numbers the host link, pod range and cgroup.
 SLOTS = 64
@@ -226,12 +233,40 @@ def _run(*args: str) -> str:
 # ---- images ---------------------------------------------------------------------------------------
 
 
-def runtime_image_entries() -> list[oci_image.Entry]:
-    """The test runtime image: images/runtime/Dockerfile's user, env, workdir and entrypoint, with
-    this checkout's eagle3_runtime and eagle3_operator, but no Python of its own: the host's /usr and
-    the test Python (python_prefixes(): the venv and its base) are bind-mounted read-only into every
-    container (containerd's base runtime spec), at the paths the venv's scripts name.
-    """
+def _python_image_entries(passwd: str, group: str) -> list[oci_image.Entry]:
+    """What the test bed's Python images hold: /etc basics, this checkout's eagle3_runtime and
+    eagle3_operator under /opt/eagle3, and no Python of their own: the host's /usr and the test
+    Python (python_prefixes(): the venv and its base) are bind-mounted read-only into every container
+    (containerd's base runtime spec), at the paths the venv's scripts name."""
+    return [
+        oci_image.directory("etc"),
+        oci_image.file("etc/passwd", passwd.encode()),
+        oci_image.file("etc/group", group.encode()),
+        oci_image.file("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n"),
+        oci_image.directory("tmp", 0o1777),
+        oci_image.directory("usr"),  # the host's /usr is mounted here
+        *(oci_image.symlink(name, f"usr/{name}") for name in ("bin", "lib", "lib64", "sbin")),
+        oci_image.directory("opt"),
+        oci_image.directory("opt/eagle3"),
+        oci_image.file("opt/eagle3/pyproject.toml", REPO_ROOT / "pyproject.toml"),
+        *oci_image.tree("opt/eagle3/eagle3_runtime", REPO_ROOT / "eagle3_runtime"),
+        oci_image.directory("opt/eagle3/operator"),
+        *oci_image.tree("opt/eagle3/operator/eagle3_operator", REPO_ROOT / "operator" / "eagle3_operator"),
+    ]
+
+
+def _python_image_env(venv: str, path_prefix: str = "") -> dict[str, str]:
+    return {
+        "PATH": f"{path_prefix}{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        # This checkout's code, ahead of the venv's editable install (which points elsewhere).
+        "PYTHONPATH": "/opt/eagle3:/opt/eagle3/operator",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def runtime_image(venv: str) -> tuple[list[oci_image.Entry], oci_image.ImageConfig]:
+    """The test runtime image: images/runtime/Dockerfile's user, env, workdir and entrypoint, and a
+    `vllm` that runs vLLM's OpenAI server (only `vllm serve`)."""
     uid = RUNTIME_UID
     passwd = f"root:x:0:0:root:/root:/bin/sh\neagle3:x:{uid}:0::{RUNTIME_HOME}:/bin/sh\n"
     vllm_wrapper = (
@@ -243,45 +278,41 @@ def runtime_image_entries() -> list[oci_image.Entry]:
         'case "$1" in -*|"") ;; *) model=$1; shift; set -- --model "$model" "$@" ;; esac\n'
         'exec python -m vllm.entrypoints.openai.api_server "$@"\n'
     )
-    return [
-        oci_image.directory("etc"),
-        oci_image.file("etc/passwd", passwd.encode()),
-        oci_image.file("etc/group", b"root:x:0:\n"),
-        oci_image.file("etc/nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n"),
+    entries = [
+        *_python_image_entries(passwd, "root:x:0:\n"),
         oci_image.directory("home"),
         oci_image.directory(RUNTIME_HOME, 0o700, uid=uid),
         oci_image.directory("workspace", uid=uid),
-        oci_image.directory("tmp", 0o1777),
-        oci_image.directory("usr"),  # the host's /usr is mounted here
-        *(oci_image.symlink(name, f"usr/{name}") for name in ("bin", "lib", "lib64", "sbin")),
-        oci_image.directory("opt"),
-        oci_image.directory("opt/eagle3"),
-        oci_image.file("opt/eagle3/pyproject.toml", REPO_ROOT / "pyproject.toml"),
-        *oci_image.tree("opt/eagle3/eagle3_runtime", REPO_ROOT / "eagle3_runtime"),
-        oci_image.directory("opt/eagle3/operator"),
-        *oci_image.tree("opt/eagle3/operator/eagle3_operator", REPO_ROOT / "operator" / "eagle3_operator"),
         oci_image.directory("opt/eagle3/bin"),
         oci_image.file("opt/eagle3/bin/vllm", vllm_wrapper.encode(), 0o755),
     ]
-
-
-def runtime_image_config(venv: str) -> oci_image.ImageConfig:
-    return oci_image.ImageConfig(
+    config = oci_image.ImageConfig(
         entrypoint=["eagle3"],
         cmd=["--help"],
         env={
-            "PATH": f"/opt/eagle3/bin:{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            # This checkout's code, ahead of the venv's editable install (which points elsewhere).
-            "PYTHONPATH": "/opt/eagle3:/opt/eagle3/operator",
+            **_python_image_env(venv, path_prefix="/opt/eagle3/bin:"),
             "HOME": RUNTIME_HOME,
             "HF_HOME": f"{RUNTIME_HOME}/.cache/huggingface",
             "VLLM_ROCM_USE_AITER": "1",
-            "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": "1",  # nothing can be downloaded here; fail fast instead of retrying
         },
-        user=str(RUNTIME_UID),
+        user=str(uid),
         workdir="/workspace",
     )
+    return entries, config
+
+
+def operator_image(venv: str) -> tuple[list[oci_image.Entry], oci_image.ImageConfig]:
+    """The test operator image: images/operator/Dockerfile's user, env and entrypoint."""
+    uid = OPERATOR_UID
+    passwd = f"root:x:0:0:root:/root:/bin/sh\nnonroot:x:{uid}:{uid}::/home/nonroot:/sbin/nologin\n"
+    group = f"root:x:0:\nnonroot:x:{uid}:\n"
+    config = oci_image.ImageConfig(
+        entrypoint=["eagle3-operator"],
+        env={**_python_image_env(venv), "PYTHONDONTWRITEBYTECODE": "1"},
+        user=f"{uid}:{uid}",
+    )
+    return _python_image_entries(passwd, group), config
 
 
 def python_prefixes() -> list[str]:
@@ -751,13 +782,9 @@ class RealNode:
             [oci_image.file("coredns", self.bin_dir / "coredns", 0o755)],
             oci_image.ImageConfig(entrypoint=["/coredns"]),
         )
-        runtime = oci_image.build(
-            cache,
-            list(RUNTIME_IMAGE_NAMES),
-            runtime_image_entries(),
-            runtime_image_config(sys.prefix),
-        )
-        return [pause, coredns, runtime]
+        runtime = oci_image.build(cache, list(RUNTIME_IMAGE_NAMES), *runtime_image(sys.prefix))
+        operator = oci_image.build(cache, [OPERATOR_IMAGE], *operator_image(sys.prefix))
+        return [pause, coredns, runtime, operator]
 
     def _base_runtime_spec(self) -> Path:
         """containerd's default container spec plus read-only mounts of the host's /usr and Python."""
@@ -969,7 +996,7 @@ class RealNode:
             f"{GPUS} x {testbed_kwok.GPU_RESOURCE} (stand-in device plugin)\n"
             f"  schedule onto it with nodeSelector {REAL_NODE_LABEL}=true and a toleration of the taint "
             f"{REAL_NODE_LABEL}=true:NoSchedule; storage class {STORAGE_CLASS}\n"
-            f"  images: {', '.join(RUNTIME_IMAGE_NAMES)} (test runtime image)\n"
+            f"  images: {', '.join(RUNTIME_IMAGE_NAMES)} (test runtime image), {OPERATOR_IMAGE}\n"
             f"  node shell: nsenter --target={self.holder_pid} --mount --net --pid -- sh\n"
             f"  containers: nsenter --target={self.holder_pid} --mount -- {self._bin('ctr')} -n k8s.io containers ls"
         )

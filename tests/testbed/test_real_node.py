@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
 from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
@@ -406,6 +407,28 @@ def test_runtime_image_runs_eagle3_torch_and_vllm(cluster, real_node_namespace):
     assert torch_version.startswith("2.")
     assert runtime_file == "/opt/eagle3/eagle3_runtime/__init__.py", "this checkout's code, from the image"
     assert logs[-1] == "vllm-serve-help-ok", "the image's vllm wrapper runs vLLM's OpenAI server"
+
+
+def test_operator_image_runs_under_the_charts_security_context(cluster, real_node_namespace):
+    ns = real_node_namespace
+    values = yaml.safe_load((realnode.CHART / "values.yaml").read_text())
+    manifest = pod(
+        "operator",
+        "",
+        image=realnode.OPERATOR_IMAGE,
+        args=["--help"],
+        securityContext=values["securityContext"],  # read-only root, no capabilities
+        volumeMounts=[{"name": "tmp", "mountPath": "/tmp"}],
+    )
+    del manifest["spec"]["containers"][0]["command"]  # the image's entrypoint: eagle3-operator
+    manifest["spec"]["securityContext"] = values["podSecurityContext"]  # 65532, seccomp RuntimeDefault
+    manifest["spec"]["volumes"] = [{"name": "tmp", "emptyDir": {}}]
+    create(cluster, ns, manifest)
+
+    done = finished(cluster, ns, "operator")
+    logs = cluster.kubectl("logs", "-n", ns, "operator")
+    assert done["status"]["phase"] == "Succeeded", logs
+    assert "usage: eagle3-operator" in logs
 
 
 def _leftovers(slot: int, holder: int, workdir: Path) -> list[str]:
