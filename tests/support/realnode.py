@@ -3,8 +3,8 @@
 Next to kwok's fake nodes, one node runs pods for real: kubelet and kube-proxy (the control plane's
 Kubernetes release), containerd with Debian's runc, the CNI bridge plugin, CoreDNS as a pod, and the
 stand-in AMD GPU device plugin (hack/testbed/node/amdgpu-device-plugin), all built by
-hack/build-node.sh. The node lives in namespaces of its own, made by `unshare` around a pause
-process (the namespace holder):
+hack/build-node.sh. The node lives in namespaces of its own (network, mount, PID, UTS, IPC), made
+by `unshare` around a pause process (the namespace holder):
   * network: only loopback, a bridge for the pods and one veth to the host. The host end holds the
     address the API server serves on (RealNode.api_host), the node end is the node's InternalIP; there is
     no default route and no masquerading, so nothing in the node reaches beyond this machine. The
@@ -590,8 +590,9 @@ class RealNode:
             start_new_session=True,
         )
         _make_cgroup(cgroup)
-        mounts = " && ".join(
+        setup = " && ".join(
             [
+                f"echo {self.name} > /proc/sys/kernel/hostname",  # what hostNetwork pods see
                 "mount -t tmpfs -o mode=0755 node-run /run",
                 "mount -t tmpfs -o mode=0755 node-var-lib /var/lib",
                 "mount -t tmpfs -o mode=0755 node-var-log /var/log",
@@ -601,8 +602,8 @@ class RealNode:
             ]
         )
         # --kill-child: the holder dies with unshare, which dies with this process (PDEATHSIG).
-        unshare = "unshare --mount --net --pid --fork --mount-proc --kill-child --propagation private --"
-        holder = spawn("node-namespaces", [*unshare.split(), "sh", "-c", mounts])
+        unshare = "unshare --mount --net --pid --uts --ipc --fork --mount-proc --kill-child --propagation private --"
+        holder = spawn("node-namespaces", [*unshare.split(), "sh", "-c", setup])
         self.holder_pid = self._wait_for_holder(holder)
         self._make_link()
 

@@ -4,7 +4,9 @@ Every pod here is started by a real kubelet through containerd and runc, gets it
 CNI bridge plugin, reaches Services through kube-proxy's rules and names through CoreDNS, and is
 reported by the kubelet itself. The one stand-in is the GPU device plugin: there is no GPU here, so
 hack/testbed/node/amdgpu-device-plugin registers `amd.com/gpu` through the kubelet's real
-device-plugin API and hands out device ids instead of /dev/kfd and /dev/dri.
+device-plugin API and hands out device ids instead of /dev/kfd and /dev/dri. (Volumes of the
+real-node-local class are created by the test bed's own provisioning loop, standing in for an
+external provisioner; binding, mounting and fsGroup are Kubernetes' own.)
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ def test_node_is_real_tainted_and_labelled_like_an_amd_gpu_node(cluster):
     labels = node["metadata"]["labels"]
     assert labels[realnode.REAL_NODE_LABEL] == "true"
     assert labels["amd.com/gpu.product-name"] == GPU_NODE_LABELS["amd.com/gpu.product-name"]
+    assert labels.items() >= realnode.NODE_LABELS.items()
     # The stand-in device plugin's devices, counted by the kubelet's device manager.
     assert node["status"]["capacity"][GPU_RESOURCE] == node["status"]["allocatable"][GPU_RESOURCE] == "4"
     assert {"type": "InternalIP", "address": cluster.real_node.node_ip} in node["status"]["addresses"]
