@@ -998,7 +998,7 @@ class RealNode:
             f"  schedule onto it with nodeSelector {REAL_NODE_LABEL}=true and a toleration of the taint "
             f"{REAL_NODE_LABEL}=true:NoSchedule; storage class {STORAGE_CLASS}\n"
             f"  images: {', '.join(RUNTIME_IMAGE_NAMES)} (test runtime image), {OPERATOR_IMAGE}\n"
-            f"  node shell: nsenter --target={self.holder_pid} --mount --net --pid -- sh\n"
+            f"  node shell: nsenter --target={self.holder_pid} --mount --net --pid --uts --ipc -- sh\n"
             f"  containers: nsenter --target={self.holder_pid} --mount -- {self._bin('ctr')} -n k8s.io containers ls"
         )
 
