@@ -344,16 +344,9 @@ class LocalCluster:
             for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
         }
         self.server = f"https://{api_host}:{self.ports['apiserver']}"
-        kubeconfigs = {
-            name: testbed_pki.write_kubeconfig(
-                self.workdir / f"{name}.kubeconfig",
-                server=self.server,
-                ca=ca.pair.cert,
-                client=pair,
-                user=name,
-            )
-            for name, pair in clients.items()
-        }
+        kubeconfigs = testbed_pki.write_kubeconfigs(
+            self.workdir, server=self.server, ca=ca.pair.cert, clients=clients
+        )
         self.kubeconfig = kubeconfigs["admin"]
         self._admin_ssl = ssl.create_default_context(cafile=str(ca.pair.cert))
         self._admin_ssl.load_cert_chain(str(clients["admin"].cert), str(clients["admin"].key))

@@ -672,16 +672,12 @@ class RealNode:
             "kubelet-serving", f"system:node:{self.name}", server_hosts=(self.name, slot.node_ip)
         )
         proxy_client = ca.issue("kube-proxy", "system:kube-proxy")
-        kubeconfig = {
-            name: testbed_pki.write_kubeconfig(
-                self.dir / f"{name}.kubeconfig",
-                server=cluster.server,
-                ca=ca.pair.cert,
-                client=pair,
-                user=name,
-            )
-            for name, pair in (("kubelet", kubelet_client), ("kube-proxy", proxy_client))
-        }
+        kubeconfig = testbed_pki.write_kubeconfigs(
+            self.dir,
+            server=cluster.server,
+            ca=ca.pair.cert,
+            clients={"kubelet": kubelet_client, "kube-proxy": proxy_client},
+        )
 
         self._write_containerd_config()
         spawn(

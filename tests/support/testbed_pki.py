@@ -177,3 +177,13 @@ def write_kubeconfig(path: Path, *, server: str, ca: Path, client: KeyPair, user
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def write_kubeconfigs(
+    directory: Path, *, server: str, ca: Path, clients: dict[str, KeyPair]
+) -> dict[str, Path]:
+    """<directory>/<name>.kubeconfig for each named client."""
+    return {
+        name: write_kubeconfig(directory / f"{name}.kubeconfig", server=server, ca=ca, client=pair, user=name)
+        for name, pair in clients.items()
+    }
