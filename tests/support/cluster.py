@@ -7,8 +7,8 @@ What runs (binaries built from pinned Go modules by hack/build-testbed.sh):
   CONTROLLERS, each with its own service account), kube-scheduler, and kwok, which stands in for the
   kubelets of the fake nodes (tests/support/testbed_kwok.py: the nodes and the pod lifecycle).
 With real_node=True also a real worker node (tests/support/realnode.py: kubelet, containerd,
-kube-proxy, CoreDNS, a stand-in GPU device plugin; binaries from hack/build-node.sh) in network,
-mount and PID namespaces of its own. The API server then binds the host end of the node's link
+kube-proxy, CoreDNS, a stand-in GPU device plugin; binaries from hack/build-node.sh) in
+namespaces of its own. The API server then binds the host end of the node's link
 (a local address, not loopback) so pods reach it through the `kubernetes` Service.
 Every other component listens on 127.0.0.1 ports picked at start; each runs in its own process
 group and logs to <workdir>/logs/<component>.log; a start failure names the log to read.
@@ -277,15 +277,19 @@ class LocalCluster:
                 raise
 
     def stop(self, *, remove_workdir: bool = True) -> None:
-        """Stop every component, clients before the API server before etcd; idempotent.
+        """Stop every component: clients, the API server, the real node, etcd; idempotent.
 
         Each tier gets SIGTERM and STOP_GRACE_S to exit, then SIGKILL (to its whole process group).
         """
         atexit.unregister(self.stop)
         components, self._components = self._components, []
+        # The real node after the API server: the server's connections to the node and its pods
+        # then close while the node still answers.
+        node = realnode.COMPONENTS if self.real_node is not None else ()
         tiers = [
-            [c for c in components if c.name not in ("kube-apiserver", "etcd")],
+            [c for c in components if c.name not in ("kube-apiserver", "etcd", *node)],
             [c for c in components if c.name == "kube-apiserver"],
+            [c for c in components if c.name in node],
             [c for c in components if c.name == "etcd"],
         ]
         if self.real_node is not None:
@@ -465,7 +469,7 @@ class LocalCluster:
             endpoints = ["--endpoint-reconciler-type=none"]
         else:
             # The real node's pods reach the API server at its address through the Service.
-            endpoints = ["--endpoint-reconciler-type=lease"]
+            endpoints = ["--endpoint-reconciler-type=lease", "--shutdown-delay-duration=1s"]
         self._spawn(
             "kube-apiserver",
             [

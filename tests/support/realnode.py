@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shlex
 import shutil
 import socket
@@ -73,7 +74,9 @@ BINARIES = (
     "cni/loopback",
     "cni/portmap",
 )
-HOST_TOOLS = ("runc", "nft", "unshare", "nsenter", "ip", "mount")
+HOST_TOOLS = ("runc", "nft", "unshare", "nsenter", "ip", "mount", "ss")
+# The node's processes as LocalCluster components (it stops them after the API server).
+COMPONENTS = ("node-namespaces", "containerd", "kubelet", "kube-proxy", "amdgpu-device-plugin")
 
 NODE_NAME = "real-node"
 REAL_NODE_LABEL = "testbed.eagle3.dev/real-node"
@@ -166,6 +169,10 @@ class Slot:
         return f"10.250.{self.index}.2"
 
     @property
+    def link_cidr(self) -> str:
+        return f"10.250.{self.index}.0/30"
+
+    @property
     def pod_cidr(self) -> str:
         return f"10.245.{self.index}.0/24"
 
@@ -195,9 +202,15 @@ class Slot:
         raise RealNodeError(f"all {SLOTS} real-node slots are in use")
 
 
-# Removes a node's cgroup ($1) in every hierarchy, deepest first, waiting up to 30 s for the
-# killed processes in it to exit (a cgroup with tasks cannot be removed).
-_REMOVE_CGROUPS = """
+# What a node leaves on the host once its processes are gone, and how the janitor removes it:
+#  * its cgroup ($1) in every hierarchy, deepest first, once the killed processes in it have exited
+#    (a cgroup with tasks cannot be removed); prints "cgroups removed" or what is still busy;
+#  * sockets of this machine still open to the node's link ($2) or its pods ($3), e.g. a killed API
+#    server's retried FINs: their peers are gone, so they are ended (ss -K);
+#  * the unreachable routes for those two ranges, which outlive the veth so that such a socket gets
+#    "unreachable" here instead of following the default route out of the machine until then.
+_CLEAN_UP = """
+trap '' PIPE  # a dead test process no longer reads the report; carry on regardless
 for attempt in $(seq 300); do
   left=
   for top in /sys/fs/cgroup/*/"$1" /sys/fs/cgroup/"$1"; do
@@ -205,11 +218,14 @@ for attempt in $(seq 300); do
     find "$top" -depth -type d -exec rmdir {} + 2>/dev/null
     [ -d "$top" ] && left="$left $top"
   done
-  [ -z "$left" ] && exit 0
+  [ -z "$left" ] && break
   sleep 0.1
 done
-echo "cgroups still busy after 30 s:$left" >&2
-exit 1
+if [ -n "$left" ]; then echo "cgroups still busy after 30 s:$left"; else echo "cgroups removed"; fi
+ss -K -Htn state connected "( dst $2 or dst $3 )" >/dev/null
+ip route del unreachable "$2" metric 65535 2>/dev/null
+ip route del unreachable "$3" metric 65535 2>/dev/null
+exit 0
 """
 
 
@@ -578,18 +594,22 @@ class RealNode:
         for sub in ("kubelet", "containerd", "pod-logs", "cni/net.d", "cni/ipam", "volumes"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.slot = Slot.claim_free()
-        cgroup = self._slot.cgroup
-        _run("sh", "-c", _REMOVE_CGROUPS, "cleanup", cgroup)  # left if a janitor was killed too
+        leftovers = (self._slot.cgroup, self._slot.link_cidr, self._slot.pod_cidr)
+        cleanup = _run("sh", "-c", _CLEAN_UP, "cleanup", *leftovers)  # left if a janitor was killed too
+        if cleanup.strip() != "cgroups removed":
+            raise RealNodeError(f"slot {self._slot.index}: {cleanup.strip()}")
         # The janitor outlives this process: when the pipe closes (stop, or this process died) it
-        # removes the node's cgroups, then exits and so frees the slot.
+        # cleans up, then exits and so frees the slot.
         self._janitor = subprocess.Popen(
-            ["sh", "-c", "read -r _; " + _REMOVE_CGROUPS, "janitor", cgroup],
+            ["sh", "-c", "read -r _; " + _CLEAN_UP, "janitor", *leftovers],
             stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=(self.dir / "janitor.log").open("wb"),
             pass_fds=(self._slot.claim.fileno(),),
             start_new_session=True,
+            text=True,
         )
-        _make_cgroup(cgroup)
+        _make_cgroup(self._slot.cgroup)
         setup = " && ".join(
             [
                 f"echo {self.name} > /proc/sys/kernel/hostname",  # what hostNetwork pods see
@@ -645,6 +665,8 @@ class RealNode:
         )
         _run(*in_node, "sh", "-c", node_setup)
         _run("ip", "route", "add", slot.pod_cidr, "via", slot.node_ip, "dev", slot.host_link)
+        for cidr in (slot.link_cidr, slot.pod_cidr):  # see _CLEAN_UP
+            _run("ip", "route", "add", "unreachable", cidr, "metric", "65535")
 
     def start(
         self,
@@ -755,10 +777,12 @@ class RealNode:
         self.slot = None
         if janitor is not None:
             janitor.stdin.close()
-            if janitor.wait(timeout=40) != 0:
-                raise RealNodeError(
-                    f"removing the node's cgroups failed: {(self.dir / 'janitor.log').read_text()}"
-                )
+            # Its first line says how the cgroups went; it removes the routes later, by itself.
+            if select.select([janitor.stdout], [], [], 40)[0] == []:
+                raise RealNodeError("the node's janitor did not report within 40 s")
+            report = janitor.stdout.readline().strip()
+            if report != "cgroups removed":
+                raise RealNodeError(f"cleaning up the real node: {report or 'the janitor failed'}")
 
     # ---- configuration ------------------------------------------------------------------------------
 

@@ -435,7 +435,7 @@ def test_operator_image_runs_under_the_charts_security_context(cluster, real_nod
 
 
 def _leftovers(slot: int, holder: int, workdir: Path) -> list[str]:
-    """What a stopped test bed must not leave: processes, the node's link, cgroups and mounts."""
+    """What a stopped test bed must not leave: processes, the node's link and routes, cgroups, mounts."""
     left = [f"process {holder}"] if Path(f"/proc/{holder}").exists() else []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -446,6 +446,19 @@ def _leftovers(slot: int, holder: int, workdir: Path) -> list[str]:
     link = f"{realnode.HOST_LINK_PREFIX}{slot}"
     if Path(f"/sys/class/net/{link}").exists():
         left.append(f"link {link}")
+    routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True, check=True).stdout
+    left += [
+        r
+        for r in routes.splitlines()
+        if r.startswith(
+            (
+                f"10.245.{slot}.",
+                f"10.250.{slot}.",
+                f"unreachable 10.245.{slot}.",
+                f"unreachable 10.250.{slot}.",
+            )
+        )
+    ]
     left += [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{realnode.CGROUP_PREFIX}{slot}")]
     left += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(workdir) in line]
     return left
