@@ -304,11 +304,11 @@ def test_pod_reaches_another_pod_through_service_ip_and_dns(cluster, real_node_n
         what="the web server Ready",
     )
 
+    # kube-proxy programs the new endpoint a moment after the pod is Ready: retry as clients do.
+    curl = "curl -sS --max-time 10 --retry 10 --retry-delay 1 --retry-all-errors"
     client = pod(
         "client",
-        f"curl -sS --max-time 10 http://{cluster_ip}/ && "
-        f"curl -sS --max-time 10 http://web.{ns}.svc.cluster.local/ && "
-        "curl -sS --max-time 10 http://web/ && "
+        f"{curl} http://{cluster_ip}/ && {curl} http://web.{ns}.svc.cluster.local/ && {curl} http://web/ && "
         "cat /etc/resolv.conf && "
         "if getent hosts example.com; then echo resolved-outside; else echo outside-not-resolved; fi",
     )
