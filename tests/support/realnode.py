@@ -222,7 +222,10 @@ for attempt in $(seq 300); do
   sleep 0.1
 done
 if [ -n "$left" ]; then echo "cgroups still busy after 30 s:$left"; else echo "cgroups removed"; fi
-ss -K -Htn state connected "( dst $2 or dst $3 )" >/dev/null
+for attempt in $(seq 20); do  # 2 s, for processes that were killed with the node to close theirs
+  ss -K -Htn state connected "( dst $2 or dst $3 )" >/dev/null
+  sleep 0.1
+done
 ip route del unreachable "$2" metric 65535 2>/dev/null
 ip route del unreachable "$3" metric 65535 2>/dev/null
 exit 0
