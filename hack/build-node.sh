@@ -8,22 +8,17 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${EAGLE3_CACHE:-$HOME/.cache/eagle3-operator}
-export GOCACHE=$cache/go-build GOMODCACHE=$cache/go-mod GOFLAGS=-mod=mod
-export CGO_ENABLED=0
+# shellcheck source=build-lib.sh
+source "$here/build-lib.sh"
 
 # containerd's own support matrix pairs Kubernetes 1.36 with containerd 2.2 or 2.3.
 CONTAINERD_VERSION=v2.3.7
 CNI_PLUGINS_VERSION=v1.10.0
 CNI_PLUGINS=(main/bridge main/loopback ipam/host-local meta/portmap)
-KUBE_VERSION=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3} $1 == "k8s.io/kubernetes" {print $2}' \
-  "$here/testbed/node/go.mod")
-[[ $KUBE_VERSION == v1.* ]] || { echo "no k8s.io/kubernetes version in hack/testbed/node/go.mod" >&2; exit 1; }
-# shellcheck source=kube-version.sh
-source "$here/kube-version.sh"
+KUBE_VERSION=$(kube_version_of "$here/testbed/node/go.mod")
 
 # The key changes whenever a pinned version or a source file of ours changes.
-key=$(cat "$0" "$here/kube-version.sh" "$here"/testbed/node/go.mod "$here"/testbed/coredns/go.mod \
+key=$(cat "$0" "$here/build-lib.sh" "$here"/testbed/node/go.mod "$here"/testbed/coredns/go.mod \
   "$here"/testbed/node/*/*.go "$here"/testbed/coredns/*.go | sha256sum | cut -c1-12)
 bin=$cache/bin/node-$key
 mkdir -p "$bin/cni"
@@ -32,18 +27,6 @@ mkdir -p "$bin/cni"
 exec 9>"$bin/.lock"
 flock 9
 
-build() {  # build NAME FUNCTION [ARGS]: FUNCTION writes the binary into $out/NAME; skipped when it exists
-  local name=$1; shift
-  if [[ -x $bin/$name ]]; then return; fi
-  echo "building $name ..." >&2
-  local start=$SECONDS
-  out=$(mktemp -d "$bin/.build.XXXXXX")
-  "$@"
-  # Renamed into place only when complete, so an interrupted build never leaves a broken binary.
-  mv -f "$out/$(basename "$name")" "$bin/$name"
-  rm -rf "$out"
-  echo "built $name in $((SECONDS - start)) s" >&2
-}
 build_local() {  # build_local MODULE PACKAGE NAME [LDFLAGS]: a package of a module under hack/testbed
   (cd "$here/testbed/$1" && go build -trimpath -ldflags "${4:-}" -o "$out/$3" "$2")
 }
@@ -69,7 +52,7 @@ for cmd in containerd containerd-shim-runc-v2 ctr; do
 done
 build coredns build_local coredns . coredns
 for cmd in kubelet kube-proxy; do
-  build "$cmd" build_local node "k8s.io/kubernetes/cmd/$cmd" "$cmd" "$(kube_version_flags)"
+  build "$cmd" build_local node "k8s.io/kubernetes/cmd/$cmd" "$cmd" "$(kube_version_flags "$KUBE_VERSION")"
 done
 
 echo "$bin"
