@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shlex
 import shutil
 import socket
@@ -222,8 +221,10 @@ for attempt in $(seq 300); do
   sleep 0.1
 done
 if [ -n "$left" ]; then echo "cgroups still busy after 30 s:$left"; else echo "cgroups removed"; fi
-for attempt in $(seq 20); do  # 2 s, for processes that were killed with the node to close theirs
-  ss -K -Htn state connected "( dst $2 or dst $3 )" >/dev/null
+quiet=0
+for attempt in $(seq 20); do  # up to 2 s, for processes killed with the node to close theirs
+  if [ -n "$(ss -K -Htn state connected "( dst $2 or dst $3 )")" ]; then quiet=0; else quiet=$((quiet + 1)); fi
+  [ "$quiet" -ge 3 ] && break
   sleep 0.1
 done
 ip route del unreachable "$2" metric 65535 2>/dev/null
@@ -771,7 +772,8 @@ class RealNode:
             self.provisioner = None
 
     def cleanup(self) -> None:
-        """After every process of the node has been signalled: remove its cgroups, free the slot."""
+        """After every process of the node has been signalled: its janitor removes what is left
+        (cgroups, sockets to the node, its routes) and frees the slot."""
         self.stop_provisioner()
         if self.slot is None:
             return
@@ -779,13 +781,9 @@ class RealNode:
         self.slot.claim.close()
         self.slot = None
         if janitor is not None:
-            janitor.stdin.close()
-            # Its first line says how the cgroups went; it removes the routes later, by itself.
-            if select.select([janitor.stdout], [], [], 40)[0] == []:
-                raise RealNodeError("the node's janitor did not report within 40 s")
-            report = janitor.stdout.readline().strip()
-            if report != "cgroups removed":
-                raise RealNodeError(f"cleaning up the real node: {report or 'the janitor failed'}")
+            report, _ = janitor.communicate(timeout=40)  # closing its stdin sets it to work
+            if report.splitlines()[:1] != ["cgroups removed"]:
+                raise RealNodeError(f"cleaning up the real node: {report.strip() or 'the janitor failed'}")
 
     # ---- configuration ------------------------------------------------------------------------------
 
