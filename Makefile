@@ -18,6 +18,7 @@ testbed: ## build the test bed's binaries: control plane, etcd, kwok, helm and t
 test: ## install what is missing (env, test bed, tiny target), then run the whole test suite
 	@hack/system-deps.sh
 	@bin=$$(hack/build-testbed.sh) && node=$$(hack/build-node.sh) && venv=$$(hack/python-env.sh) && \
+	  EAGLE3_MONITORING_CRDS=$$(hack/build-monitoring-crds.sh) && export EAGLE3_MONITORING_CRDS && \
 	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
 	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest $(PYTEST_ARGS)

@@ -95,29 +95,40 @@ def build(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> None:
     # Imported here: `build` runs on GPU machines that have only torch and transformers.
-    from eagle3_runtime.pipeline.presets import domain_sources, tiny_cpu
+    import yaml
+    from eagle3_operator.api.draft_training import DraftTraining
+
+    from eagle3_runtime.pipeline.config import load_config
+    from eagle3_runtime.pipeline.presets import manifest
     from eagle3_runtime.pipeline.prompts import write_prompt_sets
     from eagle3_runtime.pipeline.runner import PipelineRunner, run_stage
 
     workspace = args.workspace
     workspace.mkdir(parents=True, exist_ok=True)
-    # The tiny preset's settings with this benchmark's draft budget: the tiny preset's 384 samples
-    # and 180 steps overfit (training accuracy 0.83, held-out acceptance 2.5 on this target);
-    # 2688 samples and 840 steps gave 3.06 (docs/benchmarks.md).
-    preset = tiny_cpu(workspace)
+    # The tiny-cpu manifest on this target with this benchmark's draft budget: the tiny preset's 384
+    # samples and 180 steps overfit (training accuracy 0.83, held-out acceptance 2.5 on this
+    # target); 2688 samples and 840 steps gave 3.06 (docs/benchmarks.md).
+    body = yaml.safe_load(manifest("tiny-cpu").read_text())
+    spec = body["spec"]
+    target = args.target.resolve()
+    volumes = {"models": target.parent, "prompts": workspace / "prompts"}
+    spec["target"]["model"] = f"pvc://models/{target.name}"
+    write_prompt_sets(volumes["prompts"])
     # More training prompts: the preset's cut with other seeds. Which file a prompt comes from
     # decides train or eval, whatever the seed, so the evaluation prompts (seed 0) stay held out.
-    sources = [*preset.sources]
+    preset_sources = list(spec["data"]["sources"])
     for seed in args.prompt_seeds:
         if seed != 0:
-            sources += domain_sources(
-                write_prompt_sets(workspace / f"prompts-seed{seed}", seed=seed)["train"]
-            )
-    config = dataclasses.replace(
-        preset, target=str(args.target.resolve()), sources=sources, num_samples=args.num_samples,
-        concurrency=args.generate_concurrency, steps=args.draft_steps, checkpoint_every=args.checkpoint_every,
-        evaluate_every=args.evaluate_every,
-    )  # fmt: skip
+            claim = f"prompts-seed{seed}"
+            volumes[claim] = workspace / claim
+            write_prompt_sets(volumes[claim], seed=seed)
+            spec["data"]["sources"] += [{**source, "claimName": claim} for source in preset_sources]
+    spec["data"] |= {"numSamples": args.num_samples, "concurrency": args.generate_concurrency}
+    spec["training"] |= {"steps": args.draft_steps, "checkpointEvery": args.checkpoint_every}
+    spec["evaluation"]["everyCheckpoints"] = args.evaluate_every
+    manifest_file = workspace / "drafttraining.yaml"
+    manifest_file.write_text(yaml.safe_dump(body, sort_keys=False))
+    config = load_config(manifest_file, volumes)
     started = time.monotonic()
     pipeline = PipelineRunner(config, workspace).run()
     if not pipeline.ok:
@@ -126,31 +137,34 @@ def run(args: argparse.Namespace) -> None:
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"measurements": {}}
     for k in args.speculative_tokens:
         for concurrency in args.concurrency:
-            local = dataclasses.replace(
-                config.local, eval_concurrency=concurrency, eval_prompts_per_domain=args.prompts_per_domain,
-                eval_max_tokens=args.max_tokens,
-            )  # fmt: skip
-            measured_config = dataclasses.replace(config, local=local, num_speculative_tokens=k)
+            evaluation = {"numSpeculativeTokens": k, "concurrency": concurrency,
+                          "promptsPerDomain": args.prompts_per_domain, "maxTokens": args.max_tokens}  # fmt: skip
+            measured_body = {**body, "spec": {**spec, "evaluation": {**spec["evaluation"], **evaluation}}}
+            measured_config = dataclasses.replace(
+                config, training=DraftTraining.model_validate(measured_body)
+            )
             runner = PipelineRunner(measured_config, workspace)
             # evaluate keeps one result per draft directory name: one copy of the export per setting.
             setting = f"k{k}-c{concurrency}{'-' + args.tag if args.tag else ''}"
             draft = workspace / f"export-{setting}"
             if not draft.exists():
                 shutil.copytree(runner.workspace.export_dir, draft)
-            # Both servers up at once, rounds in ABBA order: a changing machine load favours neither.
-            argv = runner.evaluate_argv(str(draft), baseline="interleaved", rounds=args.rounds)
+            # The pipeline's evaluate command with this draft, and both servers up at once, rounds in
+            # ABBA order: a changing machine load favours neither (argparse keeps a flag's last value).
+            argv = runner.argv("evaluate", step=0)[1:]
+            argv += ["--checkpoint", str(draft), "--baseline", "interleaved", "--rounds", str(args.rounds)]
             measured = run_stage("evaluate", argv, workspace / "results" / f"speedup-{setting}")
-            evaluation = json.loads((workspace / measured.artifacts["evaluation"]).read_text())
+            result = json.loads((workspace / measured.artifacts["evaluation"]).read_text())
             summary["measurements"][setting] = {
                 **measured.metrics,
                 "num_speculative_tokens": k,
                 "concurrency": concurrency,
-                "baseline_tokens_per_second": evaluation["baseline_tokens_per_second"],
-                "rounds": evaluation["rounds"],
+                "baseline_tokens_per_second": result["baseline_tokens_per_second"],
+                "rounds": result["rounds"],
             }
     summary.update(
         target=json.loads((args.target / "tiny_target.json").read_text()),
-        pipeline={**pipeline.metrics, "num_samples": config.num_samples, "draft_steps": config.steps},
+        pipeline={**pipeline.metrics, "num_samples": args.num_samples, "draft_steps": args.draft_steps},
         seconds=round(time.monotonic() - started, 1),
         machine=f"{platform.node()}, {os.cpu_count()} CPUs",
     )

@@ -1,7 +1,7 @@
 """EAGLE-3 training-step throughput on one GPU: ours vs speculators 0.9.0, and MFU.
 
-    python benchmarks/trainer/gpu_step.py --impl all          # peak matmul, ours, speculators
-    torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours   # FSDP2 path
+    python benchmarks/trainer/gpu_step.py --impl all --rounds 3 --out r.json  # peak, then ours and theirs alternating
+    torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours --peak-tflops 790   # FSDP2 path
     # equal global batch: 1 GPU x 2 rows against 2 GPUs x 1 row (compare with loss_curves.py)
     torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours --rows-per-rank 2 --out a.json
     torchrun --nproc-per-node 2 benchmarks/trainer/gpu_step.py --impl ours --rows-per-rank 1 --out b.json
@@ -12,10 +12,16 @@ steps, synthetic target states (a pool of distinct rows; each rank takes its own
 step). Both implementations get the same device-resident batches, bf16 autocast over fp32
 master weights, fused AdamW, grad clipping at 1.0; each is warmed up (compiled) first.
 
+One process builds every implementation asked for, warms each up, then runs `--rounds` timed
+windows of each, alternating (ours, theirs | theirs, ours | ...), so the two share the GPU's
+state of the moment; the result is each one's median over the rounds and the median of the
+per-round ratios (speculators' speed moves by about 20 % between processes).
+
 Model FLOPs per token (for MFU) count what the step must compute: the draft's matmuls
 forward and backward (weight and input gradients; `fc` has no input gradient), attention
 scores and values over the TTT key pattern, and the target head's forward over the full
-vocabulary. The peak is a bf16 8192^3 matmul measured in the same run.
+vocabulary. MFU is over the best rate of a bf16 8192^3 matmul measured in the same process, or
+`--peak-tflops` where a process does not measure it (torchrun ranks).
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ import argparse
 import copy
 import json
 import os
+import re
+import statistics
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch._dynamo.utils import counters
@@ -39,10 +49,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def sync() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-
-
-def peak_memory_gib() -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
 
 
 def target_config():
@@ -76,25 +82,34 @@ def flops_per_token(seq_len: int, ttt_steps: int, *, lm_head_trained: bool, targ
     return total
 
 
-def peak_matmul_tflops() -> float:
+def peak_matmul_tflops() -> dict[str, float]:
+    """bf16 8192^3 matmul rate on random data, two ways. `best`: the fastest of 20 bursts of
+    3 products, each after a 20 ms pause; MFU is taken against it. `sustained`: the median of
+    30 back-to-back products after a second of them, which run into the power limit (about 650
+    to 680 on the lent H200, below the rate the training step's own matmuls reach, so it would
+    overstate MFU)."""
     n = 8192
     a, b = (
         torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
         torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
     )
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
+
+    def rate(products: int) -> float:
         start.record()
-        a @ b
+        for _ in range(products):
+            a @ b
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
-    return 2 * n**3 / times[len(times) // 2] / 1e12
+        return products * 2 * n**3 / (start.elapsed_time(end) / 1e3) / 1e12
+
+    rate(50)
+    bursts = []
+    for _ in range(20):
+        time.sleep(0.02)
+        bursts.append(rate(3))
+    rate(700)
+    return {"best": max(bursts), "sustained": statistics.median(rate(1) for _ in range(30))}
 
 
 def synthetic_batches(count: int, seq_len: int, device):
@@ -143,31 +158,177 @@ def rank_batches(pool: list[dict], rows_per_rank: int, rank: int, world_size: in
     return batches
 
 
-def timed(step, batches, warmup: int, steps: int) -> tuple[float, list[float]]:
-    """Seconds of the `steps` after `warmup`, and the loss of every step (warmup included)."""
-    losses = [step(batches[i % len(batches)]) for i in range(warmup)]
-    sync()
-    started = time.perf_counter()
-    for i in range(warmup, warmup + steps):
-        losses.append(step(batches[i % len(batches)]))
-    sync()
-    return time.perf_counter() - started, losses
+@dataclass
+class Runner:
+    """One implementation's training step, built and ready to warm up."""
+
+    name: str
+    # Queues one optimizer step on a batch; returns a function that waits for it and gives its loss.
+    step: Callable[[dict], Callable[[], float]]
+    batches: list[dict]
+    tokens_per_step: int  # over all ranks
+    # As its trainer runs: ours reads step N's numbers after queueing step N+1; speculators'
+    # trainer waits for every step (it copies a host scalar to the GPU after the backward).
+    pipelined: bool
+    facts: dict = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    rounds: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []})
+    resident_bytes: int = 0  # GPU memory it holds between steps (weights, optimizer state, caches)
+    peak_bytes: int = 0
+
+    def run(self, steps: int, pipelined: bool | None = None) -> float:
+        """`steps` steps in order through the batches; returns the seconds they took."""
+        pipelined = self.pipelined if pipelined is None else pipelined
+        sync()
+        started = time.perf_counter()
+        pending = None
+        for _ in range(steps):
+            launched = self.step(self.batches[len(self.losses) % len(self.batches)])
+            if pending is not None:
+                self.losses.append(pending())
+            pending = launched
+            if not pipelined:
+                self.losses.append(pending())
+                pending = None
+        if pending is not None:
+            self.losses.append(pending())
+        sync()
+        return time.perf_counter() - started
 
 
-def profile_steps(step, batches, path: str) -> None:
-    """Where a step's GPU time goes: the top kernels of three profiled steps, written to `path`."""
+def measure(runners: list[Runner], args) -> None:
+    """Warm up (compile) each runner, then time `args.rounds` alternating windows of each (and
+    of each in the other mode, with --both-modes)."""
+    for runner in runners:
+        graphs_before = counters["stats"]["unique_graphs"]
+        allocated_before = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+        runner.run(args.warmup)
+        runner.facts["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
+        if DEVICE == "cuda":
+            runner.resident_bytes += torch.cuda.memory_allocated() - allocated_before
+    windows = [(r, r.pipelined) for r in runners]
+    if args.both_modes:
+        windows += [(r, not r.pipelined) for r in runners]
+    for round_index in range(args.rounds):
+        for runner, pipelined in windows if round_index % 2 == 0 else windows[::-1]:
+            others = sum(r.resident_bytes for r in runners if r is not runner)
+            if DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            elapsed = runner.run(args.steps, pipelined)
+            runner.rounds[pipelined].append(args.steps * runner.tokens_per_step / elapsed)
+            if DEVICE == "cuda":
+                runner.peak_bytes = max(runner.peak_bytes, torch.cuda.max_memory_allocated() - others)
+            mode = "pipelined" if pipelined else "waiting every step"
+            print(
+                f"round {round_index + 1} {runner.name} ({mode}): {runner.rounds[pipelined][-1]:,.0f} tokens/s"
+            )
+
+
+def kernel_categories(kernels: dict[str, float]) -> dict[str, float]:
+    """Kernel time grouped by what it does (names of cuBLAS, FlexAttention, inductor, AdamW...)."""
+    patterns = [
+        ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_"),
+        ("flex_attention", r"flex|triton_tem"),
+        ("adamw", r"adam"),
+        ("foreach (grad clipping)", r"foreach|multi_tensor"),
+        ("inductor fused pointwise/reduction", r"^triton_"),
+        ("copies and eager elementwise", r"copy|elementwise|cat|fill|index"),
+    ]
+    totals = dict.fromkeys([name for name, _ in patterns] + ["other"], 0.0)
+    for kernel, seconds in kernels.items():
+        name = next((n for n, p in patterns if re.search(p, kernel, re.IGNORECASE)), "other")
+        totals[name] += seconds
+    return totals
+
+
+def profile_steps(runner: Runner, path: str, steps: int = 3) -> dict:
+    """Where a step's GPU time goes: every kernel of `steps` profiled steps (JSON at `path`),
+    grouped by category; the GPU's idle time between kernels, and its longest idle gaps."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for i in range(3):
-            step(batches[i % len(batches)])
-        sync()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
+        wall = runner.run(steps)
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+    totals: dict[str, list[float]] = {}  # name -> [milliseconds per step, launches per step]
+    for event in kernels:
+        entry = totals.setdefault(event.name, [0.0, 0.0])
+        entry[0] += (event.time_range.end - event.time_range.start) / 1e3 / steps
+        entry[1] += 1 / steps
+    kernels.sort(key=lambda e: e.time_range.start)
+    gaps, busy_until, previous = [], None, None
+    for event in kernels:
+        if busy_until is not None and event.time_range.start > busy_until:
+            gaps.append((event.time_range.start - busy_until, previous.name, event.name))
+        if busy_until is None or event.time_range.end > busy_until:
+            busy_until, previous = event.time_range.end, event
+    gaps.sort(reverse=True)
+    summary = {
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "kernel_ms_per_step": sum(v[0] for v in totals.values()),
+        "idle_ms_per_step": sum(g[0] for g in gaps) / 1e3 / steps,
+        "categories_ms_per_step": {
+            k: round(1e3 * v, 3)
+            for k, v in kernel_categories({n: v[0] / 1e3 for n, v in totals.items()}).items()
+        },
+        "longest_idle_gaps_ms": [
+            [round(g / 1e3, 3), before[:80], after[:80]] for g, before, after in gaps[:12]
+        ],
+    }
+    top = sorted(totals.items(), key=lambda kv: -kv[1][0])
     with open(path, "w") as handle:
-        handle.write(table)
+        kernel_table = {k: [round(v[0], 4), round(v[1], 2)] for k, v in top}
+        json.dump({**summary, "kernels_ms_and_launches_per_step": kernel_table}, handle, indent=1)
+    return summary
 
 
-def run_ours(args, target, counts, batches):
+def head_costs(target, counts, last: torch.Tensor, repeats: int = 20) -> dict[str, float]:
+    """Milliseconds of the target-head work per 2048-token row, three ways: the full-vocabulary
+    logits with the top-1 and the draft-vocabulary restriction (what `ttt_loss` reads); the
+    draft-vocabulary rows plus the max over the other rows (the same mask, no full logits
+    tensor); the draft-vocabulary rows alone (speculators: no out-of-vocabulary mask)."""
+    from eagle3_runtime.model.vocab import build_draft_vocab
+
+    vocab = build_draft_vocab(counts, DRAFT_VOCAB)
+    weight = target["lm_head"].to(last.device)
+    used = vocab.used_ids.to(last.device)
+    rest = (~vocab.t2d).nonzero().squeeze(1).to(last.device)
+    draft_rows, other_rows = weight[used].contiguous(), weight[rest].contiguous()
+    x = torch.nn.functional.rms_norm(last.float(), (HIDDEN,), eps=1e-5).to(torch.bfloat16)
+
+    def full():
+        logits = torch.nn.functional.linear(x, weight)
+        return logits.argmax(-1), torch.log_softmax(logits.index_select(-1, used).float(), -1)
+
+    def split():
+        logits = torch.nn.functional.linear(x, draft_rows)
+        best_in, best_out = logits.amax(-1), torch.nn.functional.linear(x, other_rows).amax(-1)
+        return best_in >= best_out, torch.log_softmax(logits.float(), -1)
+
+    def draft_only():
+        return torch.log_softmax(torch.nn.functional.linear(x, draft_rows).float(), -1)
+
+    result = {}
+    for name, fn in (
+        ("full_vocabulary", full),
+        ("draft_rows_plus_other_max", split),
+        ("draft_rows_only", draft_only),
+    ):
+        fn()
+        sync()
+        started = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        sync()
+        result[name] = round(1e3 * (time.perf_counter() - started) / repeats, 3)
+    return result
+
+
+def build_ours(args, target, counts, batches) -> Runner:
     from eagle3_runtime.model.config import draft_config_from_target
     from eagle3_runtime.model.loss import TTTBatch
     from eagle3_runtime.model.vocab import build_draft_vocab
@@ -201,7 +362,6 @@ def run_ours(args, target, counts, batches):
     )
     head = trainer.target_head
     seq = args.seq_len
-    graphs_before = counters["stats"]["unique_graphs"]
 
     def step(b):
         batch = TTTBatch(
@@ -212,19 +372,12 @@ def run_ours(args, target, counts, batches):
             document_ids=torch.zeros_like(b["input_ids"]),
             positions=torch.arange(seq, device=b["input_ids"].device).expand_as(b["input_ids"]),
         )
-        return trainer.optimize(batch, b["input_ids"].numel(), time.perf_counter())["loss"]
+        launched = trainer.launch(batch, b["input_ids"].numel())
+        return lambda: launched.summary()["loss"]
 
-    elapsed, losses = timed(step, batches, args.warmup, args.steps)
-    if args.profile:
-        profile_steps(step, batches, args.profile)
-    return {
-        "tokens_per_second": args.steps * seq * args.rows_per_rank * context.world_size / elapsed,
-        "losses": losses,
-        "world_size": context.world_size,
-        "rows_per_rank": args.rows_per_rank,
-        "peak_memory_gib": peak_memory_gib(),
-        "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before,
-    }
+    facts = {"world_size": context.world_size, "rows_per_rank": args.rows_per_rank}
+    tokens = seq * args.rows_per_rank * context.world_size
+    return Runner("ours", step, batches, tokens, pipelined=True, facts=facts)
 
 
 def speculators_draft_config(verifier_config):
@@ -241,7 +394,7 @@ def speculators_draft_config(verifier_config):
     return config
 
 
-def run_speculators(args, target, counts, batches):
+def build_speculators(args, target, counts, batches) -> Runner:
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
@@ -278,7 +431,6 @@ def run_speculators(args, target, counts, batches):
     # Fail at once instead of their silent fallback to uncompiled flex, which materialises the scores.
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     warnings.filterwarnings("error", message="flex_attention called without torch.compile")
-    graphs_before = counters["stats"]["unique_graphs"]
     model = Eagle3DraftModel(config)
     model.load_vocab_mappings(vocab.t2d, vocab.d2t)
     with torch.no_grad():  # what load_verifier_weights would read from the verifier checkpoint
@@ -309,17 +461,13 @@ def run_speculators(args, target, counts, batches):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        return loss.item()
+        loss = loss.detach()
+        return loss.item
 
-    elapsed, losses = timed(step, batches, args.warmup, args.steps)
     trainable = sum(p.numel() for p in params)
-    return {
-        "tokens_per_second": args.steps * seq / elapsed,
-        "losses": losses,
-        "trainable_parameters": trainable,
-        "peak_memory_gib": peak_memory_gib(),
-        "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before,
-    }
+    return Runner(
+        "speculators", step, batches, seq, pipelined=False, facts={"trainable_parameters": trainable}
+    )
 
 
 def main() -> None:
@@ -345,8 +493,21 @@ def main() -> None:
         default=8,
         help="distinct synthetic rows the steps cycle through (all ranks together)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timed windows of each implementation, alternating"
+    )
+    parser.add_argument(
+        "--both-modes",
+        action="store_true",
+        help="also time each implementation in the other mode (pipelined or not)",
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="MFU against this instead of measuring"
+    )
     parser.add_argument("--out", default=None, help="write the JSON result here too")
-    parser.add_argument("--profile", default=None, help="ours: write a kernel-time table of 3 steps here")
+    parser.add_argument(
+        "--profile", default=None, help="write each implementation's kernel times to PREFIX-NAME.json"
+    )
     parser.add_argument("--tiny", action="store_true", help="small shapes: a CPU dry run of the code paths")
     # Their trainer's default loss is a fused Triton kernel; dynamo fails tracing its backward inside
     # their compiled forward on torch 2.11 (AssertionError in triton_kernel_wrap, seen on the H200).
@@ -366,14 +527,18 @@ def main() -> None:
         "ttt_steps": args.ttt_steps,
         "steps": args.steps,
         "warmup": args.warmup,
+        "rounds": args.rounds,
         "rows_per_rank": args.rows_per_rank,
         "freeze_lm_head": args.freeze_lm_head,
         "speculators_attention": args.speculators_attention,
         "speculators_loss": args.speculators_loss,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    if args.impl in ("all", "peak") and DEVICE == "cuda":
-        result["peak_bf16_tflops"] = peak_matmul_tflops()
+    if args.peak_tflops is not None:
+        result["peak_bf16_tflops"] = args.peak_tflops
+    elif args.impl in ("all", "peak") and DEVICE == "cuda":
+        peak = peak_matmul_tflops()
+        result["peak_bf16_tflops"], result["sustained_bf16_tflops"] = peak["best"], peak["sustained"]
     flops = {
         "ours": flops_per_token(
             args.seq_len, args.ttt_steps, lm_head_trained=not args.freeze_lm_head, target_vocab=TARGET_VOCAB
@@ -389,29 +554,51 @@ def main() -> None:
             else torch.device("cpu")
         )
         target, counts, batches = synthetic_batches(args.pool, args.seq_len, device)
-        for name, run in (("ours", run_ours), ("speculators", run_speculators)):
-            if args.impl not in ("all", name):
-                continue
-            if DEVICE == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            try:
-                result[name] = run(args, target, counts, batches)
-            except Exception as exc:  # noqa: BLE001 - report the other implementation's numbers anyway
-                result[name] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-                continue
-            result[name]["model_gflop_per_token"] = flops[name] / 1e9
-            result[name]["tflops"] = result[name]["tokens_per_second"] * flops[name] / 1e12
+        if args.impl == "all" and DEVICE == "cuda":
+            result["target_head_ms"] = head_costs(target, counts, batches[0]["last"][0])
+        runners = []
+        for name, build in (("ours", build_ours), ("speculators", build_speculators)):
+            if args.impl in ("all", name):
+                allocated_before = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+                try:
+                    runners.append(build(args, target, counts, batches))
+                except Exception as exc:  # noqa: BLE001 - report the other implementation's numbers anyway
+                    result[name] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+                    continue
+                if DEVICE == "cuda":  # its weights: another's peak must not count them
+                    runners[-1].resident_bytes = torch.cuda.memory_allocated() - allocated_before
+        measure(runners, args)
+        for runner in runners:
+            tokens_per_second = statistics.median(runner.rounds[runner.pipelined])
+            result[runner.name] = {
+                "tokens_per_second": tokens_per_second,
+                "tokens_per_second_rounds": runner.rounds[runner.pipelined],
+                "pipelined": runner.pipelined,
+                "model_gflop_per_token": flops[runner.name] / 1e9,
+                "tflops": tokens_per_second * flops[runner.name] / 1e12,
+                "peak_memory_gib": runner.peak_bytes / 2**30,
+                "losses": runner.losses,
+                **runner.facts,
+            }
             if "peak_bf16_tflops" in result:
-                result[name]["mfu"] = result[name]["tflops"] / result["peak_bf16_tflops"]
-            print(name, json.dumps(result[name]), flush=True)
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
-        if "tokens_per_second" in result.get("ours", {}) and "tokens_per_second" in result.get(
-            "speculators", {}
-        ):
-            result["speedup_ours_over_speculators"] = (
-                result["ours"]["tokens_per_second"] / result["speculators"]["tokens_per_second"]
-            )
+                result[runner.name]["mfu"] = result[runner.name]["tflops"] / result["peak_bf16_tflops"]
+            if runner.rounds[not runner.pipelined]:
+                result[runner.name]["other_mode_tokens_per_second_rounds"] = runner.rounds[
+                    not runner.pipelined
+                ]
+            if args.profile and DEVICE == "cuda":
+                try:
+                    result[runner.name]["profile"] = profile_steps(
+                        runner, f"{args.profile}-{runner.name}.json"
+                    )
+                except Exception as exc:  # noqa: BLE001 - keep the measurement when the profiler fails
+                    result[runner.name]["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if len(runners) == 2:
+            ours, theirs = runners
+            ours_rounds, their_rounds = ours.rounds[ours.pipelined], theirs.rounds[theirs.pipelined]
+            ratios = [a / b for a, b in zip(ours_rounds, their_rounds, strict=True)]
+            result["speedup_per_round"] = ratios
+            result["speedup_ours_over_speculators"] = statistics.median(ratios)
     if int(os.environ.get("RANK", 0)) == 0:
         text = json.dumps(result, indent=1)
         print(text)

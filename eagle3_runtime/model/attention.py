@@ -10,9 +10,12 @@ Two implementations of the same function:
   - `eager`: scores against step-0 keys under a [T, T] document-causal mask plus the i
     diagonal scores as extra columns, one softmax over both. Memory O(T^2) per step;
     the reference, and what runs on CPU.
-  - `flex`: FlexAttention over the concatenated keys [K_0, K_1..K_i] with a block-sparse
-    mask; the diagonal blocks are the only non-empty blocks beyond step 0, so the extra
-    cost is about one key block per earlier step and no dense mask is materialised.
+  - `flex`: FlexAttention over the step-0 keys under a block-sparse document-causal mask
+    (built once per batch, the same for every step), returning its log-sum-exp; the i
+    diagonal scores are plain dot products, merged in by that log-sum-exp. The diagonal
+    never costs whole key blocks (a flex pass over [K_0, K_1..K_i] computes a full
+    128-key block per earlier step for one useful score per row) and no dense mask is
+    materialised.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class TTTAttention:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._causal: torch.Tensor | None = None
+        self._block_mask = None  # flex: the step-0 document-causal block mask, built on first use
 
     @property
     def step(self) -> int:
@@ -75,27 +79,43 @@ class TTTAttention:
         return out
 
     def _flex(self, q: torch.Tensor) -> torch.Tensor:
-        k = torch.cat(self.keys, dim=2) if self.step > 1 else self.keys[0]
-        v = torch.cat(self.values, dim=2) if self.step > 1 else self.values[0]
-        block_mask = _ttt_block_mask(self.document_ids, self.step)
+        if self._block_mask is None:
+            self._block_mask = _document_causal_block_mask(self.document_ids)
         # Inside the trainer's compiled loss flex is traced with the rest; called eagerly it needs its own compile.
         flex = _flex_attention() if torch.compiler.is_compiling() else _compiled_flex()
-        return flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+        k0, v0 = self.keys[0], self.values[0]
+        options = dict(block_mask=self._block_mask, enable_gqa=q.shape[1] != k0.shape[1])
+        if self.step == 1:
+            return flex(q, k0, v0, **options)
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = flex(q, k0, v0, return_aux=AuxRequest(lse=True), **options)
+        return _merge_diagonal(q, out, aux.lse, self.keys[1:], self.values[1:])
 
 
-def _ttt_block_mask(document_ids: torch.Tensor, steps: int):
+def _merge_diagonal(q, causal_out, causal_lse, later_keys, later_values) -> torch.Tensor:
+    """Attention over the step-0 keys (`causal_out` and its log-sum-exp) joined with one more key
+    per earlier step at the query's own slot: softmax over [lse, s_1..s_i] weighs the parts."""
+    kv_heads = later_keys[0].shape[1]
+    heads = (kv_heads, q.shape[1] // kv_heads)  # GQA: query head h reads key head h // groups
+    q_grouped = q.float().unflatten(1, heads)
+    scores = [(q_grouped * k.float()[:, :, None]).sum(-1) * q.shape[-1] ** -0.5 for k in later_keys]
+    weights = torch.softmax(torch.stack([causal_lse.unflatten(1, heads), *scores], dim=-1), dim=-1)
+    out = weights[..., :1] * causal_out.float().unflatten(1, heads)
+    for j, v in enumerate(later_values, start=1):
+        out = out + weights[..., j, None] * v.float()[:, :, None]
+    return out.flatten(1, 2).to(q.dtype)
+
+
+def _document_causal_block_mask(document_ids: torch.Tensor):
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch, t = document_ids.shape
 
     def mask_mod(b, h, q_idx, kv_idx):
-        kv_slot = kv_idx % t
-        same_document = document_ids[b, q_idx] == document_ids[b, kv_slot]
-        causal = (kv_idx < t) & (kv_slot <= q_idx) & same_document
-        diagonal = (kv_idx >= t) & (kv_slot == q_idx)
-        return causal | diagonal
+        return (kv_idx <= q_idx) & (document_ids[b, q_idx] == document_ids[b, kv_idx])
 
-    return create_block_mask(mask_mod, batch, None, t, steps * t, device=document_ids.device)
+    return create_block_mask(mask_mod, batch, None, t, t, device=document_ids.device)
 
 
 def _flex_attention():

@@ -97,9 +97,11 @@ def step_masks(batch: TTTBatch, in_draft_vocab: torch.Tensor, steps: int) -> lis
 
 
 def soft_kl(logits: torch.Tensor, target_log_probs: torch.Tensor) -> torch.Tensor:
-    """Per-row KL(target || softmax(logits)), in float32."""
-    log_q = F.log_softmax(logits.float(), dim=-1)
-    return (target_log_probs.exp() * (target_log_probs - log_q)).sum(-1)
+    """Per-row KL(target || softmax(logits)), in float32, for normalised `target_log_probs`:
+    sum p (log p - z) + logsumexp(z). Both reductions and the backward (softmax(z) - p) each
+    read the logits once; through log_softmax they took three passes forward and two back."""
+    logits = logits.float()
+    return (target_log_probs.exp() * (target_log_probs - logits)).sum(-1) + torch.logsumexp(logits, dim=-1)
 
 
 def ttt_loss(
@@ -128,36 +130,53 @@ def ttt_loss(
 
     attend = [TTTAttention(batch.document_ids, backend=attention_backend) for _ in range(draft.num_layers)]
     hidden = draft.combine_hidden_states(batch.aux_hidden_states)
-    loss = hidden.new_zeros((), dtype=torch.float32)
-    stats = {name: [] for name in ("kl_sum", "count", "correct", "conditional_correct", "conditional_count")}
-    still_correct = torch.ones_like(batch.predict_mask)
+    outputs = []
     for i in range(steps):
-        shift = 1 + i
-        input_ids = _shift_left(batch.input_ids, shift, 0)
-        hidden = draft.step(input_ids, hidden, batch.positions + i, attend)
-        mask = masks[i]
-        targets, choice = _shift_left(target_log_probs, shift, 0.0), _shift_left(target_choice, shift, 0)
-        if gather_counted:
-            # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
-            logits = draft.logits(hidden[mask])
-            kl_sum = soft_kl(logits, targets[mask]).sum()
-            correct = torch.zeros_like(mask)
-            correct[mask] = logits.argmax(-1) == choice[mask]
-        else:
-            # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
-            logits = draft.logits(hidden)
-            kl_sum = torch.where(mask, soft_kl(logits, targets), 0.0).sum()
-            correct = (logits.argmax(-1) == choice) & mask
-        loss = loss + decay**i * kl_sum / global_counts[i].clamp(min=1)
-        with torch.no_grad():
-            conditional = mask & still_correct
-            stats["kl_sum"].append(kl_sum.detach().float())
-            stats["count"].append(mask.sum().float())
-            stats["correct"].append(correct.sum().float())
-            stats["conditional_correct"].append((conditional & correct).sum().float())
-            stats["conditional_count"].append(conditional.sum().float())
-            still_correct = still_correct & correct
-    return loss, TTTStats(**{k: torch.stack(v) for k, v in stats.items()})
+        hidden = draft.step(_shift_left(batch.input_ids, 1 + i, 0), hidden, batch.positions + i, attend)
+        outputs.append(hidden)
+
+    # lm_head and the loss run once, over all steps (no later step reads the logits): one lm_head
+    # product over k*T rows gives its weight gradient in one matmul instead of k summed ones, and
+    # the logits' gradient is written by one kernel. Step i at slot s is trained on the target at
+    # s + 1 + i, read by index: no shifted copy of the [T, V] targets.
+    t = batch.input_ids.shape[1]
+    offsets = torch.arange(1, steps + 1, device=hidden.device)
+    target_slot = (torch.arange(t, device=hidden.device) + offsets[:, None]).clamp(max=t - 1)  # [k, T]
+    targets, choice = target_log_probs[:, target_slot], target_choice[:, target_slot]  # [B, k, T, ...]
+    counted = torch.stack(masks, dim=1)  # [B, k, T]; false where s + 1 + i is past the row
+    hidden_states = torch.stack(outputs, dim=1)
+    if gather_counted:
+        # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
+        logits = draft.logits(hidden_states[counted])
+        # Back to [B, k, T] by gathering each counted slot's place in the compact list.
+        place = (counted.flatten().cumsum(0) - 1).clamp(min=0).view(counted.shape)
+
+        def spread(values: torch.Tensor) -> torch.Tensor:
+            values = torch.cat([values, values.new_zeros(1)])  # a place to gather from when none counts
+            return torch.where(counted, values[place], values.new_zeros(()))
+
+        kl = spread(soft_kl(logits, targets[counted]))
+        correct = spread(logits.argmax(-1) == choice[counted])
+    else:
+        # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
+        logits = draft.logits(hidden_states)
+        kl = torch.where(counted, soft_kl(logits, targets), 0.0)
+        correct = (logits.argmax(-1) == choice) & counted
+    kl_sum = kl.sum((0, 2))
+    loss = (decay ** offsets.sub(1).float() * kl_sum / global_counts.clamp(min=1)).sum()
+    with torch.no_grad():
+        # Conditional on every earlier step being right at that slot (what acceptance needs).
+        right_so_far = correct.cumprod(dim=1)
+        earlier_right = torch.cat([torch.ones_like(correct[:, :1]), right_so_far[:, :-1]], dim=1)
+        conditional = counted & earlier_right
+        stats = TTTStats(
+            kl_sum=kl_sum.detach(),
+            count=counted.sum((0, 2)).float(),
+            correct=correct.sum((0, 2)).float(),
+            conditional_correct=(conditional & correct).sum((0, 2)).float(),
+            conditional_count=conditional.sum((0, 2)).float(),
+        )
+    return loss, stats
 
 
 @functools.cache

@@ -1,61 +1,51 @@
-"""Built-in pipeline configurations.
+"""Built-in pipelines: DraftTraining manifests under examples/ whose volumes this machine makes.
 
-`tiny-cpu`: everything made on this machine and sized for 2 CPU cores. The target is the tiny
-Llama of eagle3_runtime/tiny_target.py (built once, cached); the prompts are cut from the Python
-standard library (eagle3_runtime/pipeline/prompts.py), evaluation prompts from other files
-than the training prompts. Greedy data generation matches greedy evaluation.
+`tiny-cpu` (examples/drafttraining-tiny-cpu.yaml): everything made on this machine and sized
+for 2 CPU cores. Its claim `models` holds the tiny Llama of eagle3_runtime/tiny_target.py
+(built once, cached) as `tiny-target/`; its claim `prompts` holds prompt sets cut from the
+Python standard library (eagle3_runtime/pipeline/prompts.py) as `train/<domain>.jsonl` and
+`eval/<domain>.jsonl`, evaluation prompts from other files than the training prompts. The same
+manifest runs on a cluster whose PVCs `models` and `prompts` hold those folders.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3_runtime.generate import SourceSpec
-from eagle3_runtime.pipeline.config import LocalSettings, PipelineConfig
-from eagle3_runtime.pipeline.prompts import DOMAINS, mode_of, write_prompt_sets
+from eagle3_runtime.pipeline.config import PipelineConfig, load_config
+from eagle3_runtime.pipeline.prompts import write_prompt_sets
 
 PRESETS = ("tiny-cpu",)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def domain_sources(directory: Path) -> list[SourceSpec]:
-    """One source per domain file of a prompt set written by write_prompt_sets."""
-    return [SourceSpec(path=str(directory / f"{d}.jsonl"), mode=mode_of(d), domain=d) for d in DOMAINS]
-
-
-def tiny_cpu(workspace: Path) -> PipelineConfig:
+def tiny_cpu_volumes(directory: Path) -> dict[str, Path]:
+    """Make the tiny-cpu manifest's claims under `directory`: {claim: folder}."""
     from eagle3_runtime.tiny_target import ensure_tiny_target
 
-    prompts = write_prompt_sets(workspace / "prompts")
-    return PipelineConfig(
-        target=str(ensure_tiny_target()),
-        sources=domain_sources(prompts["train"]),
-        eval_prompts=domain_sources(prompts["eval"]),
-        num_samples=384,
-        max_tokens=128,
-        temperature=0.0,
-        top_p=1.0,
-        concurrency=4,
-        hidden_states="offline",
-        draft_vocab_size=2048,
-        steps=180,
-        learning_rate=3e-3,
-        batch_tokens=2048,
-        ttt_steps=3,
-        checkpoint_every=30,
-        # Measure the first checkpoint (step 30, half-trained) and the last: the report shows the gain.
-        evaluate_every=5,
-        num_speculative_tokens=3,
-        local=LocalSettings(
-            max_model_len=1024,
-            eval_prompts_per_domain=8,
-            eval_max_tokens=96,
-            eval_concurrency=1,
-            seq_len=1024,
-        ),
-    )
+    models = directory / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    link = models / "tiny-target"
+    target = ensure_tiny_target()
+    if link.is_symlink() and link.resolve() != target.resolve():
+        link.unlink()  # a link to an older build; the folder it named is the cache's, not ours
+    if not link.is_symlink():
+        link.symlink_to(target, target_is_directory=True)
+    write_prompt_sets(directory / "prompts")
+    return {"models": models, "prompts": directory / "prompts"}
+
+
+def manifest(name: str) -> Path:
+    path = EXAMPLES / f"drafttraining-{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"preset {name!r} reads {path}, which is in a source checkout of eagle3-operator"
+        )
+    return path
 
 
 def preset(name: str, workspace: Path) -> PipelineConfig:
-    if name == "tiny-cpu":
-        return tiny_cpu(workspace)
-    raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    """The preset's manifest with its volumes made inside `workspace`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return load_config(manifest(name), tiny_cpu_volumes(workspace))

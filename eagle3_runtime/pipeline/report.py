@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle3_operator.api.draft_training import DraftTraining
+
 from eagle3_runtime.layout import Workspace
-from eagle3_runtime.pipeline.config import PipelineConfig
 from eagle3_runtime.stages.select import checkpoint_evaluations
 from eagle3_runtime.train.trainer import METRICS_FILE
 
@@ -86,22 +87,24 @@ def _plots(workspace: Workspace, evaluations: list[dict], training: list[dict]) 
     return names
 
 
-def write_report(workspace: Workspace, config: PipelineConfig) -> Path:
+def write_report(workspace: Workspace, training: DraftTraining) -> Path:
     evaluations = checkpoint_evaluations(workspace)
-    training = _training_metrics(workspace)
+    curves = _training_metrics(workspace)
     workspace.reports_dir.mkdir(parents=True, exist_ok=True)
-    plots = _plots(workspace, evaluations, training)
+    plots = _plots(workspace, evaluations, curves)
     selection = json.loads(workspace.selection_file.read_text()) if workspace.selection_file.exists() else {}
-    k = config.num_speculative_tokens
-    length = f"{config.steps} training steps" if config.epochs is None else f"{config.epochs} epochs"
-    if config.epochs is not None and training:
-        length += f" ({training[-1]['step']} training steps)"
+    spec = training.spec
+    k = spec.evaluation.num_speculative_tokens
+    epochs = spec.training.epochs
+    length = f"{spec.training.total_steps} training steps" if epochs is None else f"{epochs} epochs"
+    if epochs is not None and curves:
+        length += f" ({curves[-1]['step']} training steps)"
     lines = [
         "# Draft training report",
         "",
-        f"Target: `{config.target}`; {config.num_samples} generated samples; {length} "
-        f"({config.ttt_steps} TTT steps); hidden states {config.hidden_states}; evaluated with {k} speculative "
-        "tokens, greedy.",
+        f"Target: `{spec.target.model}`; {spec.data.num_samples} generated samples; {length} "
+        f"({spec.training.ttt_steps} TTT steps); hidden states {spec.hidden_states.mode}; evaluated with {k} "
+        "speculative tokens, greedy.",
         "",
         "| step | acceptance length | per-position acceptance | tokens/s | speedup | selected |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -54,9 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-tokens", type=int, default=16384, help="tokens per optimizer step, all ranks"
     )
-    parser.add_argument("--ttt-steps", type=int, default=7)
+    parser.add_argument("--ttt-steps", type=int, default=3, help="training-time-test unroll depth")
     parser.add_argument("--loss-decay", type=float, default=0.8)
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="0: only at the end")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=500, help="and always at the end; 0: only at the end"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seq-len", type=int, default=2048, help="packed row length")
     parser.add_argument("--warmup-steps", type=int, default=None)

@@ -41,9 +41,10 @@ class TrainSettings:
     learning_rate: float
     batch_tokens: int  # tokens per optimizer step, over all ranks
     seq_len: int = 2048
-    ttt_steps: int = 7
+    # Defaults are the DraftTraining CRD's (eagle3_operator.api.draft_training.TrainingSpec).
+    ttt_steps: int = 3
     loss_decay: float = 0.8
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 500  # 0: only at the end
     seed: int = 0
     warmup_steps: int | None = None  # default: 5 % of the steps
     weight_decay: float = 0.0
@@ -73,6 +74,85 @@ CPU_COMPILE_MIN_STEPS = 100
 
 def compile_by_default(settings: TrainSettings, device: torch.device) -> bool:
     return device.type == "cuda" or settings.steps >= CPU_COMPILE_MIN_STEPS
+
+
+@dataclass
+class LaunchedStep:
+    """An optimizer step queued on the device; `summary()` waits for its numbers."""
+
+    step: int
+    learning_rate: float
+    loss_decay: float
+    values: torch.Tensor  # TTT stats (5 x k), tokens over all ranks, grad norm
+
+    def __post_init__(self) -> None:
+        # Start the copy to (pinned) host memory now; only `summary()` waits for it.
+        self.ready = None
+        if self.values.is_cuda:
+            self.values = self.values.to("cpu", non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def summary(self) -> dict[str, Any]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        stats, tokens, grad_norm = self.values[:-2], self.values[-2], self.values[-1]
+        summary = TTTStats.from_tensor(stats.view(5, -1)).summary(self.loss_decay)
+        summary.update(
+            step=self.step, learning_rate=self.learning_rate, grad_norm=float(grad_norm), tokens=int(tokens)
+        )
+        return summary
+
+
+class _Reporter:
+    """What `train()` does with each finished step: metrics, progress bar, progress annotation."""
+
+    def __init__(self, trainer: DraftTrainer, total: int):
+        self.trainer, self.total = trainer, total
+        self.bar = None
+        if trainer.show_progress_bar and trainer.step < total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=trainer.step, desc="train", unit="step", dynamic_ncols=True)
+        self.started = self.last = time.monotonic()
+        self.after_first: tuple[float, int] | None = None  # (time, step) once the first step is read
+
+    def __call__(self, launched: LaunchedStep) -> None:
+        trainer, total = self.trainer, self.total
+        summary = launched.summary()
+        now = time.monotonic()
+        summary["tokens_per_second"] = summary["tokens"] / max(now - self.last, 1e-9)
+        self.last = now
+        trainer.last_summary = summary
+        trainer._log_metrics(summary)
+        step = launched.step
+        if self.after_first is None:
+            self.after_first = (now, step)
+            eta = (now - self.started) * (total - step)
+        else:
+            # The first step carries the compile (a minute or more on GPU): the rate excludes it.
+            eta = (now - self.after_first[0]) / (step - self.after_first[1]) * (total - step)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(
+                f"loss {summary['loss']:.3f} acc "
+                + "/".join(f"{a:.2f}" for a in summary["accuracy_per_position"])
+                + f" sim-AL {summary['simulated_acceptance_length']:.2f}"
+            )
+        if trainer.progress is not None and trainer.context.is_main:
+            trainer.progress.report(
+                force=step == total,
+                step=step,
+                totalSteps=total,
+                loss=round(summary["loss"], 4),
+                accuracyPerPosition=[round(a, 4) for a in summary["accuracy_per_position"]],
+                samples=None,
+                etaSeconds=round(eta),
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class DraftTrainer:
@@ -184,12 +264,19 @@ class DraftTrainer:
         return batch, sum(r.num_tokens for r in rows)
 
     def train_step(self) -> dict[str, Any]:
+        """One optimizer step on the next batch; waits for its numbers."""
         started = time.perf_counter()
-        batch, tokens = self._batch()
-        return self.optimize(batch, tokens, started)
+        summary = self.launch_step().summary()
+        summary["tokens_per_second"] = summary["tokens"] / (time.perf_counter() - started)
+        return summary
 
-    def optimize(self, batch: TTTBatch, tokens: int, started: float) -> dict[str, Any]:
-        """Forward, backward and optimizer step on one batch already on the device."""
+    def launch_step(self) -> LaunchedStep:
+        batch, tokens = self._batch()
+        return self.launch(batch, tokens)
+
+    def launch(self, batch: TTTBatch, tokens: int) -> LaunchedStep:
+        """Forward, backward and optimizer step on one batch already on the device, queued
+        without waiting for the device: the step's numbers come back with `summary()`."""
         with self.autocast:
             loss, stats = self.model(
                 batch,
@@ -211,65 +298,33 @@ class DraftTrainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        reduced = self.context.all_reduce_sum(
-            torch.cat([stats.as_tensor().flatten(), torch.tensor([float(tokens)], device=loss.device)])
-        )
-        global_tokens = int(reduced[-1].item())
-        summary = TTTStats.from_tensor(reduced[:-1].view(5, -1).cpu()).summary(self.settings.loss_decay)
-        elapsed = time.perf_counter() - started
-        summary.update(
-            step=self.step,
-            learning_rate=learning_rate,
-            grad_norm=float(grad_norm),
-            tokens=global_tokens,
-            tokens_per_second=global_tokens / elapsed,
-        )
-        return summary
+        # torch.full, not torch.tensor: a copy from host memory would wait for the queued step.
+        token_count = torch.full((1,), float(tokens), device=loss.device)
+        reduced = self.context.all_reduce_sum(torch.cat([stats.as_tensor().flatten(), token_count]))
+        values = torch.cat([reduced, grad_norm.reshape(1).float()])
+        return LaunchedStep(self.step, learning_rate, self.settings.loss_decay, values)
 
     # --- loop ---------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
+        """Runs to `settings.steps`. Step N's numbers are read after step N+1 is queued, so the
+        device never idles while the host logs (a checkpoint step is read before the next one)."""
         total = self.settings.steps
-        bar = None
-        if self.show_progress_bar and self.step < total:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        started = time.monotonic()
-        after_first: tuple[float, int] | None = None  # (time, step) once this process's first step is done
+        report = _Reporter(self, total)
+        pending: LaunchedStep | None = None
         while self.step < total:
-            summary = self.train_step()
-            self.last_summary = summary
-            self._log_metrics(summary)
-            now = time.monotonic()
-            if after_first is None:
-                after_first = (now, self.step)
-                eta = (now - started) * (total - self.step)
-            else:
-                # The first step carries the compile (a minute or more on GPU): the rate excludes it.
-                eta = (now - after_first[0]) / (self.step - after_first[1]) * (total - self.step)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(
-                    f"loss {summary['loss']:.3f} acc "
-                    + "/".join(f"{a:.2f}" for a in summary["accuracy_per_position"])
-                    + f" sim-AL {summary['simulated_acceptance_length']:.2f}"
-                )
-            if self.progress is not None and self.context.is_main:
-                self.progress.report(
-                    force=self.step == total,
-                    step=self.step,
-                    totalSteps=total,
-                    loss=round(summary["loss"], 4),
-                    accuracyPerPosition=[round(a, 4) for a in summary["accuracy_per_position"]],
-                    samples=None,
-                    etaSeconds=round(eta),
-                )
+            launched = self.launch_step()
+            if pending is not None:
+                report(pending)
+            pending = launched
             every = self.settings.checkpoint_every
             if self.workspace is not None and (self.step == total or (every and self.step % every == 0)):
+                report(pending)
+                pending = None
                 self.save_checkpoint()
-        if bar is not None:
-            bar.close()
+        if pending is not None:
+            report(pending)
+        report.close()
         return self.last_summary
 
     def _log_metrics(self, summary: dict[str, Any]) -> None:

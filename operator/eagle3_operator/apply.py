@@ -8,8 +8,9 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
-from eagle3_operator.kube import FIELD_MANAGER, Kube
+from eagle3_operator.kube import FIELD_MANAGER, ApiError, Kube, NamespaceTerminating
 from eagle3_operator.reconcile.plan import Plan, iso
+from eagle3_operator.reconcile.stuck import Refusal
 
 log = logging.getLogger(__name__)
 INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
@@ -25,40 +26,85 @@ def contains(live: Any, desired: Any) -> bool:
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch of the top-level status keys that changed (lists such as conditions go whole)."""
-    keys = set(old) | set(new)
-    return {k: new.get(k) for k in sorted(keys) if new.get(k) != old.get(k)}
+    """A merge patch (RFC 7386) of the status keys that changed, None for removed ones.
+
+    Objects are diffed key by key, since a merge patch merges them and would keep a nested key the
+    new value lacks; lists such as conditions go whole.
+    """
+    patch = {}
+    for k in sorted(set(old) | set(new)):
+        before, after = old.get(k), new.get(k)
+        if after != before:
+            both_objects = isinstance(before, dict) and isinstance(after, dict)
+            patch[k] = status_patch(before, after) if both_objects else after
+    return patch
 
 
 def key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
 
-def apply_plan(
+def _refusal(obj: dict[str, Any], error: ApiError) -> Refusal:
+    component = (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component", "")
+    return Refusal(obj["kind"], obj["metadata"]["name"], component, error.detail)
+
+
+def apply_children(
     kube: Kube, owner: dict[str, Any], plan: Plan, live: dict[tuple[str, str], dict[str, Any]]
-) -> None:
-    for obj in plan.create:
-        if key(obj) not in live:
-            log.info("creating %s %s", obj["kind"], obj["metadata"]["name"])
-            kube.create(obj)
+) -> tuple[list[Refusal], list[dict[str, Any]]]:
+    """Create, update and delete children; the writes the API server refused (for the status), and
+    the objects it returned for the writes it took.
+
+    A refused child (quota, admission, validation) does not stop the others: each is independent,
+    and the refusal is reported on the owner instead of failing the reconcile.
+    """
+    writes = [(obj, "creating", kube.create) for obj in plan.create if key(obj) not in live]
     for obj in plan.sync:
         current = live.get(key(obj))
         # List items carry no apiVersion/kind; everything else we set must be there as we set it.
         wanted = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
         if current is None or not contains(current, wanted):
-            log.info("%s %s %s", "updating" if current else "creating", obj["kind"], obj["metadata"]["name"])
-            kube.apply(obj)
+            writes.append((obj, "updating" if current else "creating", kube.apply))
+    refused, written = [], []
+    for obj, verb, write in writes:
+        log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])
+        try:
+            result = write(obj)
+        except NamespaceTerminating:
+            raise
+        except ApiError as error:
+            refused.append(_refusal(obj, error))
+        else:
+            if result:  # None: created meanwhile by someone else (the watch brings it)
+                written.append(result)
     namespace = owner["metadata"]["namespace"]
     for gone in plan.delete:
         log.info("deleting %s %s", gone["kind"], gone["name"])
         kube.delete(gone["apiVersion"], gone["kind"], namespace, gone["name"])
+    for refusal in refused:
+        log.warning("the API server refused %s %s: %s", refusal.kind, refusal.name, refusal.message)
+    return refused, written
+
+
+def write_status(kube: Kube, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+    """Patch the status keys that changed, then post the plan's Events; the object as written.
+
+    The status is the state machine's memory: it is written only over the version it was planned
+    from (resourceVersion precondition). A Conflict leaves it, and the Events, unwritten, for the
+    caller to plan again from the newer object.
+    """
     written = None
     patch = status_patch(owner.get("status") or {}, plan.status)
     if patch:
-        result = kube.patch_status(
-            owner["apiVersion"], owner["kind"], namespace, owner["metadata"]["name"], patch
+        meta = owner["metadata"]
+        written = kube.patch_status(
+            owner["apiVersion"],
+            owner["kind"],
+            meta["namespace"],
+            meta["name"],
+            patch,
+            meta["resourceVersion"],
         )
-        written = result.get("metadata", {}).get("resourceVersion")
     for event in plan.events:
         post_event(kube, owner, event.type, event.reason, event.message)
     return written

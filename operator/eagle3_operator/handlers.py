@@ -1,33 +1,66 @@
-"""kopf wiring: watch events of our resources and of their children trigger the Reconciler.
+"""kopf wiring: watches fill the Reconciler's cache and queue the objects their events concern.
 
-Only event handlers (plus the Reconciler's own periodic resync): kopf then keeps no per-handler
-progress and adds no finalizer, so an unchanged object is never written to, and deleting an
-object never waits for the operator (children go by owner references).
+Per watched kind, an index handler keeps every object in the cache (kopf runs no other handler
+until every kind's initial listing is indexed, so the first reconcile reads a complete cache) and
+an event handler queues the object, or a child's owner. Only index and event handlers: kopf then
+keeps no per-handler progress and adds no finalizer, so an unchanged object is never written to,
+and deleting an object never waits for the operator (children go by owner references).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
 
-from eagle3_operator import GROUP, VERSION
+from eagle3_operator import API_VERSION, GROUP, VERSION
 from eagle3_operator.api.draft_training import PLURAL as DT_PLURAL
 from eagle3_operator.api.spec_decode_deployment import PLURAL as SDD_PLURAL
 from eagle3_operator.kube import Kube
+from eagle3_operator.leader import LeaderElector, LeaseSettings
 from eagle3_operator.reconcile import meta
-from eagle3_operator.reconciler import Reconciler
+from eagle3_operator.reconciler import ControllerSettings, Reconciler
 
 log = logging.getLogger(__name__)
 FINALIZER = "eagle3.ai/finalizer"
-RESYNC_INTERVAL_S = 120.0
-_state: dict[str, Reconciler] = {}
+MANAGED = f"app.kubernetes.io/managed-by={meta.MANAGED_BY}"
+MANAGED_LABELS = {"app.kubernetes.io/managed-by": meta.MANAGED_BY}
+# (group, version, plural, kind, apiVersion, label filter): what the operator watches and caches.
+WATCHED = (
+    (GROUP, VERSION, DT_PLURAL, "DraftTraining", API_VERSION, {}),
+    (GROUP, VERSION, SDD_PLURAL, "SpecDecodeDeployment", API_VERSION, {}),
+    ("batch", "v1", "jobs", "Job", "batch/v1", {meta.DRAFT_TRAINING_LABEL: kopf.PRESENT}),
+    ("", "v1", "pods", "Pod", "v1", MANAGED_LABELS),
+    ("apps", "v1", "deployments", "Deployment", "apps/v1", MANAGED_LABELS),
+    ("", "v1", "services", "Service", "v1", MANAGED_LABELS),
+    ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", "v1", MANAGED_LABELS),
+)
+_state: dict[str, Any] = {}
+
+
+def setup(controller: ControllerSettings, lease: LeaseSettings | None) -> None:
+    """The operator's parts, before kopf runs: one Kube client, the Reconciler and, when asked
+    for, the leader elector that fences the client's writes."""
+    kube = Kube()
+    _state["reconciler"] = Reconciler(kube, controller)
+    _state["elector"] = None
+    if lease is not None:
+        elector = LeaderElector(kube, lease, on_started=_state["reconciler"].leading.set, on_lost=_exit)
+        kube.may_write = elector.holds
+        _state["elector"] = elector
+
+
+def _exit() -> None:
+    """Leadership lost: stop at once, as Kubernetes' own controllers do (the pod restarts as a standby)."""
+    logging.shutdown()
+    os._exit(1)
 
 
 def reconciler() -> Reconciler:
     if "reconciler" not in _state:
-        _state["reconciler"] = Reconciler(Kube())
+        setup(ControllerSettings(), None)
     return _state["reconciler"]
 
 
@@ -45,60 +78,49 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 1.0
     # Server-side label selectors: the operator never streams the cluster's other pods, Jobs, Deployments.
-    # Stage pods only (results, progress); the servers' pods are seen through their Deployments.
-    settings.watching.label_selectors["pods"] = meta.STAGE_LABEL
+    # Its own pods: stage results and progress, and why a pod is stuck (unschedulable, image pulls).
+    settings.watching.label_selectors["pods"] = MANAGED
     settings.watching.label_selectors["jobs"] = meta.DRAFT_TRAINING_LABEL
-    settings.watching.label_selectors["deployments"] = f"app.kubernetes.io/managed-by={meta.MANAGED_BY}"
-    settings.queueing.worker_limit = 64
+    settings.watching.label_selectors["deployments"] = MANAGED
+    settings.watching.label_selectors["services"] = MANAGED
+    settings.watching.label_selectors["persistentvolumeclaims"] = MANAGED
+    # No limit on kopf's per-object workers: they only cache and queue (the reconciles are bounded by
+    # --workers). A limit deadlocks kopf when more objects than it arrive before every indexed kind
+    # is listed: the admitted workers wait for the index readiness, which waits for the objects
+    # that cannot get a worker (seen with 200 DraftTrainings created as the operator started).
+    settings.queueing.worker_limit = None
     settings.execution.max_workers = 16
     settings.networking.request_timeout = 60
     # Only warnings from kopf's own logs become Events; the operator posts its transitions itself.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "eagle3-operator"
-    reconciler().start_resync(RESYNC_INTERVAL_S)
+    reconciler().start()
+    if _state["elector"] is None:
+        reconciler().leading.set()
+    else:
+        _state["elector"].start()
 
 
 @kopf.on.cleanup()
 def stop(**_: Any) -> None:
-    reconciler().stop_resync()
+    reconciler().stop()
+    if _state["elector"] is not None:
+        _state["elector"].release()  # after the last reconcile: the next leader starts at once
 
 
-def _is_deleted(event: dict[str, Any]) -> bool:
-    return event.get("type") == "DELETED"
+def _register(
+    group: str, version: str, plural: str, kind: str, api_version: str, labels: dict[str, Any]
+) -> None:
+    filters = {"labels": labels} if labels else {}
+
+    @kopf.index(group, version, plural, id=f"cache_{plural}", **filters)
+    def cache(body: kopf.Body, **_: Any) -> None:
+        reconciler().observe(kind, api_version, dict(body))
+
+    @kopf.on.event(group, version, plural, id=f"queue_{plural}", **filters)
+    def queue(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+        reconciler().on_event(kind, dict(body), deleted=event.get("type") == "DELETED")
 
 
-@kopf.on.event(GROUP, VERSION, DT_PLURAL)
-def draft_training_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
-    reconciler().track("DraftTraining", namespace, name, deleted=_is_deleted(event))
-    if not _is_deleted(event) and reconciler().caused_by_us("DraftTraining", dict(body)):
-        return
-    # On DELETED the reconcile finds nothing and clears the object's metrics.
-    reconciler().reconcile_training(namespace, name)
-
-
-def _parent_training(labels: dict[str, str]) -> str | None:
-    return labels.get(meta.DRAFT_TRAINING_LABEL)
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={meta.DRAFT_TRAINING_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "pods", labels={meta.STAGE_LABEL: kopf.PRESENT})
-def training_child_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    parent = _parent_training(labels)
-    if parent:
-        reconciler().reconcile_training(namespace, parent)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": meta.MANAGED_BY})
-def deployment_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    if training := labels.get(meta.DRAFT_TRAINING_LABEL):
-        reconciler().reconcile_training(namespace, training)
-    if serving := labels.get(meta.SPEC_DECODE_LABEL):
-        reconciler().reconcile_serving(namespace, serving)
-
-
-@kopf.on.event(GROUP, VERSION, SDD_PLURAL)
-def spec_decode_event(event: dict[str, Any], body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
-    reconciler().track("SpecDecodeDeployment", namespace, name, deleted=_is_deleted(event))
-    reconciler().note_serving(dict(body), deleted=_is_deleted(event))
-    if not _is_deleted(event) and not reconciler().caused_by_us("SpecDecodeDeployment", dict(body)):
-        reconciler().reconcile_serving(namespace, name)
+for _watched in WATCHED:
+    _register(*_watched)

@@ -9,6 +9,7 @@ import contextlib
 import json
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, config
@@ -22,6 +23,7 @@ RESOURCES = {
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
@@ -32,13 +34,32 @@ RESOURCES = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, detail: str = ""):
         super().__init__(message)
         self.status = status
+        # The API server's own words (the Status object's message), for conditions and Events.
+        self.detail = detail or message
+
+
+def status_message(text: str) -> str:
+    """The `message` of a Kubernetes Status body; the text itself when it is not one."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()
+    return str(body.get("message") or text).strip() if isinstance(body, dict) else text.strip()
 
 
 class NamespaceTerminating(ApiError):
     """A write into a namespace that is being deleted: nothing to reconcile there any more."""
+
+
+class Conflict(ApiError):
+    """409: the object changed since it was read (a resourceVersion precondition failed), or exists."""
+
+
+class NotLeader(Exception):
+    """A write attempted by a replica that does not hold the leader Lease; nothing was sent."""
 
 
 class NotFound(ApiError):
@@ -70,6 +91,8 @@ class Kube:
         self.api = api_client or load_api_client()
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()  # verb -> count, for tests and benchmarks
+        # Leader election's fence: writes go out only while this is true (None: always).
+        self.may_write: Callable[[], bool] | None = None
 
     @property
     def writes(self) -> int:
@@ -86,6 +109,8 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        if verb in WRITE_VERBS and self.may_write is not None and not self.may_write():
+            raise NotLeader(f"{method} {path}: this replica does not hold the leader Lease")
         with self._lock:
             self.requests[verb] += 1
         metrics.API_REQUESTS.labels(verb).inc()
@@ -100,12 +125,12 @@ class Kube:
             raise NotFound(path)
         if not 200 <= response.status < 300:
             text = data.decode(errors="replace")
-            error = (
-                NamespaceTerminating
-                if response.status == 403 and "NamespaceTerminating" in text
-                else ApiError
-            )
-            raise error(response.status, f"{method} {path}: {text[:2000]}")
+            error = ApiError
+            if response.status == 403 and "NamespaceTerminating" in text:
+                error = NamespaceTerminating
+            elif response.status == 409:
+                error = Conflict
+            raise error(response.status, f"{method} {path}: {text[:2000]}", status_message(text)[:2000])
         return json.loads(data) if data else {}
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -114,10 +139,12 @@ class Kube:
         except NotFound:
             return None
 
-    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        result = self._call(
-            "list", "GET", resource_path(api_version, kind, namespace), query=[("labelSelector", selector)]
-        )
+    def list(
+        self, api_version: str, kind: str, namespace: str, selector: str = "", fields: str = ""
+    ) -> list[dict[str, Any]]:
+        """Objects matching a label selector and/or a field selector."""
+        query = [(k, v) for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v]
+        result = self._call("list", "GET", resource_path(api_version, kind, namespace), query=query)
         return result.get("items") or []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -125,10 +152,8 @@ class Kube:
         path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
         try:
             return self._call("create", "POST", path, body=obj)
-        except ApiError as exc:
-            if exc.status == 409:
-                return None
-            raise
+        except Conflict:
+            return None
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply with the operator's field manager (creates when missing)."""
@@ -140,12 +165,19 @@ class Kube:
         )
 
     def patch_status(
-        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str,
     ) -> dict[str, Any]:
+        """Merge-patch the status of the object as it was at `resource_version`; Conflict when it has
+        changed since (the API server checks a resourceVersion in the patch as a precondition)."""
         path = resource_path(api_version, kind, namespace, name, "status")
-        return self._call(
-            "patch", "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
-        )
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return self._call("patch", "PATCH", path, body=body, content_type="application/merge-patch+json")
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         path = resource_path(api_version, kind, namespace, name)
@@ -154,6 +186,25 @@ class Kube:
 
     def post_event(self, event: dict[str, Any]) -> None:
         self._call("create", "POST", resource_path("v1", "Event", event["metadata"]["namespace"]), body=event)
+
+    # Leader election: counted as verb "lease", apart from the writes to the objects the operator manages.
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call(
+                "lease", "GET", resource_path("coordination.k8s.io/v1", "Lease", namespace, name)
+            )
+        except NotFound:
+            return None
+
+    def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        path = resource_path("coordination.k8s.io/v1", "Lease", lease["metadata"]["namespace"])
+        return self._call("lease", "POST", path, body=lease)
+
+    def update_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        """PUT: the Lease's resourceVersion makes it a compare-and-swap (Conflict when another won)."""
+        meta = lease["metadata"]
+        path = resource_path("coordination.k8s.io/v1", "Lease", meta["namespace"], meta["name"])
+        return self._call("lease", "PUT", path, body=lease)
 
     def served_kinds(self, api_version: str) -> set[str]:
         """Kinds the API server serves in a group version; empty when the group is not installed."""

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import uuid
 
 import kopf
 
 from eagle3_operator import metrics
+from eagle3_operator.apply import INSTANCE
+from eagle3_operator.leader import LeaseSettings
+from eagle3_operator.reconciler import ControllerSettings
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -24,12 +29,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--bind-address", default="0.0.0.0", help="address of the metrics and liveness servers"
     )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
+    defaults = ControllerSettings()
+    parser.add_argument("--workers", type=int, default=defaults.workers, help="objects reconciled at once")
+    parser.add_argument(
+        "--resync-period", type=float, default=defaults.resync_period,
+        help="seconds: every object is reconciled at least this often (jittered down to 80 %%)",
+    )  # fmt: skip
+    election = parser.add_argument_group("leader election (kube-controller-manager's flags)")
+    election.add_argument(
+        "--leader-elect", action="store_true",
+        help="reconcile only while holding a coordination.k8s.io Lease (run several replicas)",
+    )  # fmt: skip
+    election.add_argument("--leader-elect-lease-duration", type=float, default=15.0,
+                          help="seconds a standby waits after the last renewal before taking over")  # fmt: skip
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=10.0,
+                          help="seconds the leader keeps trying to renew before it stops leading")  # fmt: skip
+    election.add_argument("--leader-elect-retry-period", type=float, default=2.0,
+                          help="seconds between renewals and between acquire attempts")  # fmt: skip
+    election.add_argument("--leader-elect-resource-name", default="eagle3-operator", help="the Lease's name")
+    election.add_argument(
+        "--leader-elect-resource-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
+        help="the Lease's namespace (default: $POD_NAMESPACE, else default)",
+    )  # fmt: skip
     return parser.parse_args(argv)
+
+
+def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
+    if not args.leader_elect:
+        return None
+    return LeaseSettings(
+        namespace=args.leader_elect_resource_namespace,
+        name=args.leader_elect_resource_name,
+        identity=f"{INSTANCE}_{uuid.uuid4().hex[:8]}",  # unique even for two processes on one host
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import eagle3_operator.handlers  # noqa: F401 - registers the kopf handlers
+    try:
+        lease = lease_settings(args)
+    except ValueError as error:
+        sys.exit(f"eagle3-operator: {error}")
+    from eagle3_operator import handlers  # registers the kopf handlers
+
+    handlers.setup(ControllerSettings(workers=args.workers, resync_period=args.resync_period), lease)
 
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.bind_address)

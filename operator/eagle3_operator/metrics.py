@@ -29,6 +29,20 @@ RESOURCES = Gauge(
 API_REQUESTS = Counter(
     "eagle3_operator_api_requests_total", "Kubernetes API requests the operator made, by verb.", ["verb"]
 )
+LEADER = Gauge("eagle3_operator_leader", "1 while this replica holds the leader Lease and reconciles.")
+WORKQUEUE_DEPTH = Gauge(
+    "eagle3_operator_workqueue_depth", "Objects waiting to be reconciled (ready, running or scheduled)."
+)
+STATUS_CONFLICTS = Counter(
+    "eagle3_operator_status_conflicts_total",
+    "Status writes refused because the object changed since it was read (then re-read and re-planned).",
+    ["kind"],
+)
+LAST_RECONCILE = Gauge(
+    "eagle3_operator_last_reconcile_timestamp_seconds",
+    "Unix time of each object's latest successful reconcile (the resync reaches every object once per period).",
+    ["kind", "namespace", "name"],
+)
 TRAINING_LABELS = ["namespace", "name"]
 TRAINING_STEP = Gauge("eagle3_draft_training_step", "Latest training step.", TRAINING_LABELS)
 TRAINING_TOTAL_STEPS = Gauge("eagle3_draft_training_total_steps", "Training steps planned.", TRAINING_LABELS)
@@ -84,10 +98,15 @@ PHASES = PhaseTracker()
 
 
 @contextmanager
-def reconcile_timer(kind: str) -> Iterator[None]:
+def reconcile_timer(kind: str, retried: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Time and count one reconcile; an exception of a `retried` type (planned again at once, such
+    as a status conflict) counts as result "conflict", not as an error."""
     start = time.perf_counter()
     try:
         yield
+    except retried:
+        RECONCILES.labels(kind, "conflict").inc()
+        raise
     except Exception:
         RECONCILES.labels(kind, "error").inc()
         RECONCILE_ERRORS.labels(kind).inc()

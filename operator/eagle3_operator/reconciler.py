@@ -1,130 +1,178 @@
-"""Reconcile one object: read it and its children, plan (pure), apply the plan, record metrics."""
+"""Reconcile objects from a work queue: read the object and its children from the watch cache, plan
+(pure), apply the plan, write the status with a resourceVersion precondition, record metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from eagle3_operator import API_VERSION, metrics
-from eagle3_operator.apply import apply_plan, key
-from eagle3_operator.kube import Kube, NamespaceTerminating
+from eagle3_operator.apply import apply_children, key, write_status
+from eagle3_operator.cache import CHANGED, PROGRESS, UNCHANGED, Store
+from eagle3_operator.kube import ApiError, Conflict, Kube, NamespaceTerminating, NotLeader
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.serving import MONITORING_API, ServingObserved, plan_serving
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
+from eagle3_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 DT, SDD = "DraftTraining", "SpecDecodeDeployment"
 MONITOR_KINDS_TTL_S = 60.0
+FAILED_CREATE_EVENTS = "involvedObject.kind=Job,reason=FailedCreate"
+TRAINING_CHILDREN = ("Job", "Pod", "Deployment", "Service", "PersistentVolumeClaim")
+# A status write that meets a newer object is re-planned from a fresh read this often in a row,
+# then the key goes back to the queue with its backoff.
+CONFLICT_ATTEMPTS = 3
+Key = tuple[str, str, str]  # kind, namespace, name
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    workers: int = 8
+    # Every object is reconciled at least this often (a safety net for lost watch events); each
+    # object's next pass is drawn from [0.8, 1.0] of it, so passes spread out instead of bunching.
+    resync_period: float = 120.0
+    # Progress-only pod changes (the runtime's annotation, every 10 s per pod) wait this long, so
+    # several pods' reports fold into one reconcile and one status write.
+    progress_delay: float = 2.0
+    backoff_base: float = 0.5
+    backoff_max: float = 300.0
 
 
 class Reconciler:
-    def __init__(self, kube: Kube):
+    def __init__(self, kube: Kube, settings: ControllerSettings | None = None, store: Store | None = None):
         self.kube = kube
-        self._locks_guard = threading.Lock()
-        # Objects being reconciled now -> whether an event asked for another pass meanwhile.
-        self._running: dict[tuple[str, str, str], bool] = {}
-        # (namespace, DraftTraining) -> SpecDecodeDeployments that take their draft from it.
-        self._consumers: defaultdict[tuple[str, str], set[str]] = defaultdict(set)
+        self.settings = settings or ControllerSettings()
+        self.store = store or Store()
+        self.queue = WorkQueue(self.settings.backoff_base, self.settings.backoff_max)
+        # Set while this replica may reconcile (always, without leader election).
+        self.leading = threading.Event()
+        self._lock = threading.Lock()
         self._monitor_kinds: tuple[float, set[str]] = (0.0, set())
-        self._requeued: set[tuple[str, str, str]] = set()
-        self._known: set[tuple[str, str, str]] = set()
-        # resourceVersion our own last status patch produced, per object: its watch event needs no reconcile.
-        self._own_writes: dict[tuple[str, str, str], str] = {}
-        self._stop = threading.Event()
+        # What the latest upsert of each object was (index handler -> event handler of the same event).
+        self._changes: dict[Key, str] = {}
+        self._workers: list[threading.Thread] = []
 
-    def track(self, kind: str, namespace: str, name: str, deleted: bool = False) -> None:
-        """Objects seen on the watch; the periodic resync visits them (a safety net for lost events)."""
-        with self._locks_guard:
-            (self._known.discard if deleted else self._known.add)((kind, namespace, name))
+    # ---- watch events (kopf handlers) -------------------------------------------------------------
 
-    def start_resync(self, interval: float) -> None:
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                with self._locks_guard:
-                    known = sorted(self._known)
-                for kind, namespace, name in known:
-                    try:
-                        if kind == DT:
-                            self.reconcile_training(namespace, name)
-                        else:
-                            self.reconcile_serving(namespace, name)
-                    except Exception:  # noqa: BLE001 - logged; the next round retries
-                        log.exception("resync of %s %s/%s failed", kind, namespace, name)
+    def observe(self, kind: str, api_version: str, body: dict[str, Any]) -> None:
+        """An object as a watch listed or saw it: into the cache, before any handler runs."""
+        change = self.store.upsert(kind, api_version, body)
+        with self._lock:
+            self._changes[(kind, body["metadata"].get("namespace") or "", body["metadata"]["name"])] = change
 
-        threading.Thread(target=loop, name="resync", daemon=True).start()
+    def on_event(self, kind: str, body: dict[str, Any], deleted: bool) -> None:
+        """Queue what the event concerns: the object itself, or the owner of a child."""
+        namespace, name = body["metadata"].get("namespace") or "", body["metadata"]["name"]
+        with self._lock:
+            change = self._changes.pop((kind, namespace, name), CHANGED)
+        if deleted:
+            self.store.delete(kind, body)
+        elif change == UNCHANGED:
+            return  # our own write coming back, or a re-listing: nothing new
+        if kind in (DT, SDD):
+            self.queue.add((kind, namespace, name))
+        else:
+            labels = body["metadata"].get("labels") or {}
+            delay = self.settings.progress_delay if change == PROGRESS else 0.0
+            if training := labels.get(meta.DRAFT_TRAINING_LABEL):
+                self.queue.add_after((DT, namespace, training), delay)
+            if serving := labels.get(meta.SPEC_DECODE_LABEL):
+                self.queue.add_after((SDD, namespace, serving), delay)
+        metrics.WORKQUEUE_DEPTH.set(len(self.queue))
 
-    def stop_resync(self) -> None:
-        self._stop.set()
+    # ---- workers ---------------------------------------------------------------------------------
 
-    def _coalesced(self, ident: tuple[str, str, str], reconcile: Callable[[], None]) -> None:
-        """Run one reconcile per object at a time; events that arrive meanwhile fold into one re-run.
+    def start(self) -> None:
+        for index in range(self.settings.workers):
+            worker = threading.Thread(target=self._work, name=f"reconcile-{index}", daemon=True)
+            worker.start()
+            self._workers.append(worker)
 
-        Each reconcile reads the latest state, so a burst of watch events (pods, Jobs, status
-        patches) needs one extra pass, not one per event.
-        """
-        with self._locks_guard:
-            if ident in self._running:
-                self._running[ident] = True  # dirty: the running reconcile goes once more
+    def stop(self, timeout: float = 10.0) -> None:
+        """No new reconciles; wait a little for the running ones."""
+        self.queue.shut_down()
+        deadline = time.monotonic() + timeout
+        for worker in self._workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+
+    def _work(self) -> None:
+        # A standby replica caches and queues, but reconciles nothing.
+        while not self.leading.wait(timeout=1.0):
+            if self.queue.closed:
                 return
-            self._running[ident] = False
-        try:
-            while True:
-                try:
-                    reconcile()
-                except NamespaceTerminating:
-                    # Its objects go with the namespace; retrying would only log refusals.
-                    log.info("%s %s/%s: namespace is being deleted; not reconciling", *ident)
-                    return
-                with self._locks_guard:
-                    if not self._running[ident]:
-                        return
-                    self._running[ident] = False
-        finally:
-            with self._locks_guard:
-                self._running.pop(ident, None)
+        while (item := self.queue.get()) is not None:
+            try:
+                next_pass = self._process(item)
+            except NotLeader:
+                log.warning("%s %s/%s: not the leader any more; not reconciling", *item)
+                next_pass = None
+            except Exception:  # noqa: BLE001 - logged; the key comes back after its backoff
+                delay = self.queue.add_rate_limited(item)
+                log.exception("reconcile of %s %s/%s failed; again in %.1f s", *item, delay)
+            else:
+                self.queue.forget(item)
+                if next_pass is not None:
+                    self.queue.add_after(item, next_pass)
+            finally:
+                self.queue.done(item)
+                metrics.WORKQUEUE_DEPTH.set(len(self.queue))
 
-    def _remember_write(self, ident: tuple[str, str, str], resource_version: str | None) -> None:
-        if resource_version:
-            with self._locks_guard:
-                self._own_writes[ident] = resource_version
+    def _process(self, item: Key) -> float | None:
+        """Reconcile one key; seconds until its next pass (None: it is gone)."""
+        kind, namespace, name = item
+        reconcile = self._reconcile_training if kind == DT else self._reconcile_serving
+        for attempt in range(CONFLICT_ATTEMPTS):
+            try:
+                requeue_after = reconcile(namespace, name, fresh=attempt > 0)
+            except Conflict as conflict:
+                # The object changed since the cached copy we planned from: read it, plan again.
+                metrics.STATUS_CONFLICTS.labels(kind).inc()
+                log.info("%s %s/%s changed during the reconcile (%s); planning again", *item, conflict.detail)
+                continue
+            except NamespaceTerminating:
+                # Its objects go with the namespace; retrying would only log refusals.
+                log.info("%s %s/%s: namespace is being deleted; not reconciling", *item)
+                return None
+            if requeue_after is None:
+                with contextlib.suppress(KeyError):
+                    metrics.LAST_RECONCILE.remove(*item)
+                return None
+            metrics.LAST_RECONCILE.labels(*item).set(time.time())
+            resync = self.settings.resync_period * random.uniform(0.8, 1.0)
+            return min(requeue_after, resync) if requeue_after > 0 else resync
+        raise Conflict(
+            409, f"{kind} {namespace}/{name}: the status write conflicted {CONFLICT_ATTEMPTS} times"
+        )
 
-    def caused_by_us(self, kind: str, body: dict[str, Any]) -> bool:
-        """True for the watch event of our own status patch: nothing in it is news to us."""
-        meta_ = body.get("metadata") or {}
-        with self._locks_guard:
-            written = self._own_writes.get((kind, meta_.get("namespace"), meta_.get("name")))
-        return written is not None and written == meta_.get("resourceVersion")
+    def _read(self, kind: str, namespace: str, name: str, fresh: bool) -> dict[str, Any] | None:
+        """The object from the cache, or (after a conflict) from the API server into the cache."""
+        if not fresh:
+            return self.store.get(kind, namespace, name)
+        body = self.kube.get(API_VERSION, kind, namespace, name)
+        if body is not None:
+            self.store.upsert(kind, API_VERSION, body)
+        return body
 
     # ---- DraftTraining ---------------------------------------------------------------------------
 
-    def reconcile_training(self, namespace: str, name: str) -> None:
-        self._coalesced((DT, namespace, name), lambda: self._reconcile_training(namespace, name))
-
-    def _reconcile_training(self, namespace: str, name: str) -> None:
-        with metrics.reconcile_timer(DT):
-            body = self.kube.get(API_VERSION, DT, namespace, name)
+    def _reconcile_training(self, namespace: str, name: str, fresh: bool) -> float | None:
+        """One reconcile: 0 or the plan's requeue delay; None when the object is gone."""
+        with metrics.reconcile_timer(DT, retried=(Conflict,)):
+            body = self._read(DT, namespace, name, fresh)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.forget_training(namespace, name)
-                return
-            selector = f"{meta.DRAFT_TRAINING_LABEL}={name}"
-            kinds = (
-                ("batch/v1", "Job"),
-                ("v1", "Pod"),
-                ("apps/v1", "Deployment"),
-                ("v1", "Service"),
-                ("v1", "PersistentVolumeClaim"),
-            )
-            # A never-reconciled object (no status) has no children worth reading: its first plan
-            # only creates the workspace and the target (a leftover from a crash answers 409 or is
-            # applied unchanged), and no Job is planned before the target is seen Ready.
-            fresh = not body.get("status")
+                self._queue_consumers(namespace, name)  # they keep their pinned draft and say why
+                return None
             listed = {
-                kind: [] if fresh else self.kube.list(av, kind, namespace, selector) for av, kind in kinds
+                kind: self.store.owned(kind, namespace, meta.DRAFT_TRAINING_LABEL, name)
+                for kind in TRAINING_CHILDREN
             }
             observed = TrainingObserved(
                 now=datetime.now(UTC),
@@ -132,85 +180,101 @@ class Reconciler:
                 pods=listed["Pod"],
                 deployments={d["metadata"]["name"]: d for d in listed["Deployment"]},
             )
+            if observed.jobs_lacking_pods():
+                observed.job_events = self._failed_create_events(namespace)
             plan = plan_training(body, observed)
-            live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
-            self._remember_write((DT, namespace, name), apply_plan(self.kube, body, plan, live))
+            live = {key(o): o for items in listed.values() for o in items}
+            observed.refused = self._apply(body, plan, live)
+            if observed.refused:
+                plan = plan_training(body, observed)  # the same decision, with the refusals in its status
+            self._write_status(DT, body, plan)
             metrics.record_training(namespace, name, plan.status)
-            if plan.requeue_after:
-                self._requeue(DT, namespace, name, plan.requeue_after)
-            phase_changed = (body.get("status") or {}).get("phase") != plan.status.get("phase")
-        if phase_changed:
-            for consumer in sorted(self._consumers.get((namespace, name), ())):
-                self.reconcile_serving(namespace, consumer)
+            if (body.get("status") or {}).get("phase") != plan.status.get("phase"):
+                # Its consumers look again: a new export rolls in; a re-opened or failed training
+                # leaves them their pinned draft, with a Warning.
+                self._queue_consumers(namespace, name)
+            return plan.requeue_after or 0.0
+
+    def _apply(
+        self, owner: dict[str, Any], plan: Any, live: dict[tuple[str, str], dict[str, Any]]
+    ) -> list[Any]:
+        refused, written = apply_children(self.kube, owner, plan, live)
+        for obj in written:  # into the cache at once, so the next pass does not plan them again
+            current = live.get(key(obj))
+            self.store.write_through(obj, (current or {}).get("metadata", {}).get("resourceVersion"))
+        return refused
+
+    def _write_status(self, kind: str, body: dict[str, Any], plan: Any) -> None:
+        written = write_status(self.kube, body, plan)
+        if written is not None:
+            # The watch event of our own write then finds the cache up to date and queues nothing.
+            self.store.write_through(written, body["metadata"].get("resourceVersion"))
+
+    def _queue_consumers(self, namespace: str, training: str) -> None:
+        for sdd in self.store.all(SDD, namespace):
+            if ((sdd.get("spec") or {}).get("draft") or {}).get("fromDraftTraining") == training:
+                self.queue.add((SDD, namespace, sdd["metadata"]["name"]))
+
+    def _failed_create_events(self, namespace: str) -> list[dict[str, Any]]:
+        """Why the Job controller creates no pods is told in its Events alone; read them only then.
+        A refused read (RBAC without `list events`) costs the diagnosis, not the reconcile."""
+        try:
+            return self.kube.list("v1", "Event", namespace, fields=FAILED_CREATE_EVENTS)
+        except NamespaceTerminating:
+            raise
+        except ApiError as error:
+            log.warning("cannot read the FailedCreate Events in %s: %s", namespace, error.detail)
+            return []
 
     # ---- SpecDecodeDeployment --------------------------------------------------------------------
 
-    def note_serving(self, body: dict[str, Any], deleted: bool = False) -> None:
-        """Remember which DraftTraining a SpecDecodeDeployment waits for (from its watch events)."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        for (ns, _), consumers in list(self._consumers.items()):
-            if ns == namespace:
-                consumers.discard(name)
-        source = ((body.get("spec") or {}).get("draft") or {}).get("fromDraftTraining")
-        if source and not deleted:
-            self._consumers[(namespace, source)].add(name)
-        if deleted:
-            metrics.PHASES.set(SDD, namespace, name, None)
-
     def monitor_kinds(self) -> set[str]:
-        fetched_at, kinds = self._monitor_kinds
+        with self._lock:
+            fetched_at, kinds = self._monitor_kinds
         if time.monotonic() - fetched_at > MONITOR_KINDS_TTL_S:
             kinds = self.kube.served_kinds(MONITORING_API) & {"ServiceMonitor", "PodMonitor"}
-            self._monitor_kinds = (time.monotonic(), kinds)
+            with self._lock:
+                self._monitor_kinds = (time.monotonic(), kinds)
         return kinds
 
-    def reconcile_serving(self, namespace: str, name: str) -> None:
-        self._coalesced((SDD, namespace, name), lambda: self._reconcile_serving(namespace, name))
-
-    def _reconcile_serving(self, namespace: str, name: str) -> None:
-        with metrics.reconcile_timer(SDD):
-            body = self.kube.get(API_VERSION, SDD, namespace, name)
+    def _reconcile_serving(self, namespace: str, name: str, fresh: bool) -> float | None:
+        with metrics.reconcile_timer(SDD, retried=(Conflict,)):
+            body = self._read(SDD, namespace, name, fresh)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.PHASES.set(SDD, namespace, name, None)
-                return
-            self.note_serving(body)
+                return None
+            owned = {
+                kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
+                for kind in ("Deployment", "Service", "Pod")
+            }
+            # Monitors are few and not watched (their CRDs may come and go): listed live.
             selector = f"{meta.SPEC_DECODE_LABEL}={name}"
-            deployments = self.kube.list("apps/v1", "Deployment", namespace, selector)
-            services = self.kube.list("v1", "Service", namespace, selector)
             kinds = self.monitor_kinds()
             monitors = {
-                kind: self.kube.list(MONITORING_API, kind, namespace, selector) for kind in sorted(kinds)
+                kind: [
+                    m | {"apiVersion": MONITORING_API, "kind": kind}
+                    for m in self.kube.list(MONITORING_API, kind, namespace, selector)
+                ]
+                for kind in sorted(kinds)
             }
             source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
-            training = self.kube.get(API_VERSION, DT, namespace, source) if source else None
-            deployment = next((d for d in deployments if d["metadata"]["name"] == name), None)
+            training = self.store.get(DT, namespace, source) if source else None
+            deployment = next((d for d in owned["Deployment"] if d["metadata"]["name"] == name), None)
             observed = ServingObserved(
-                now=datetime.now(UTC), deployment=deployment, draft_training=training, monitor_kinds=kinds
+                now=datetime.now(UTC),
+                deployment=deployment,
+                draft_training=training,
+                monitor_kinds=kinds,
+                pods=owned["Pod"],
             )
             plan = plan_serving(body, observed)
-            listed = {"Deployment": deployments, "Service": services, **monitors}
-            live = {key(o | {"kind": kind}): o for kind, items in listed.items() for o in items}
-            self._remember_write((SDD, namespace, name), apply_plan(self.kube, body, plan, live))
+            children = [*owned["Deployment"], *owned["Service"], *(m for ms in monitors.values() for m in ms)]
+            observed.refused = self._apply(body, plan, {key(o): o for o in children})
+            if observed.refused:
+                plan = plan_serving(body, observed)  # the same decision, with the refusals in its status
+            self._write_status(SDD, body, plan)
             conditions = {c["type"]: c["status"] for c in plan.status.get("conditions") or []}
             metrics.PHASES.set(
                 SDD, namespace, name, "Available" if conditions.get("Available") == "True" else "Unavailable"
             )
-
-    # ---- scheduling ------------------------------------------------------------------------------
-
-    def _requeue(self, kind: str, namespace: str, name: str, delay: float) -> None:
-        ident = (kind, namespace, name)
-        if ident in self._requeued:
-            return
-        self._requeued.add(ident)
-
-        def run() -> None:
-            self._requeued.discard(ident)
-            try:
-                self.reconcile_training(namespace, name)
-            except Exception:  # noqa: BLE001 - logged; the periodic resync retries
-                log.exception("requeued reconcile of %s %s/%s failed", kind, namespace, name)
-
-        timer = threading.Timer(delay, run)
-        timer.daemon = True
-        timer.start()
+            return plan.requeue_after or 0.0

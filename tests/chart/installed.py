@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart.helm import CHART_DIR, helm
+from tests.chart.helm import CHART_DIR, helm, values_args
 from tests.operator.harness import (
     OperatorProcess,
     bind_volume,
@@ -33,14 +33,37 @@ RUNTIME_ACCOUNT = "eagle3-runtime"
 DATA_CLAIM = "prompts"
 
 
-class AsServiceAccount:
-    """The test bed as seen through a kubeconfig holding a ServiceAccount's token (no admin rights)."""
+def pod_bound_token(cluster: LocalCluster, namespace: str, account: str, pod: str) -> str:
+    """A ServiceAccount token bound to a pod (what the kubelet projects into it): the API server adds
+    the pod's name and uid to the user's extra (authentication.kubernetes.io/pod-name, -pod-uid)."""
+    uid = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")["metadata"]["uid"]
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "expirationSeconds": 600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid},
+        },
+    }
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
+    return cluster.request("POST", path, request)["status"]["token"]
 
-    def __init__(self, cluster: LocalCluster, namespace: str, account: str, workdir: Path):
+
+class AsServiceAccount:
+    """The test bed as seen through a kubeconfig holding a ServiceAccount's token (no admin rights);
+    bound_pod: the token is bound to that pod, as in the pod itself."""
+
+    def __init__(
+        self, cluster: LocalCluster, namespace: str, account: str, workdir: Path, *, bound_pod: str = ""
+    ):
         admin = yaml.safe_load(cluster.kubeconfig.read_text())
-        token = cluster.service_account_token(namespace, account, expiration_s=3600)
+        if bound_pod:
+            token = pod_bound_token(cluster, namespace, account, bound_pod)
+        else:
+            token = cluster.service_account_token(namespace, account, expiration_s=3600)
         self.cluster = cluster
-        self.kubeconfig = workdir / f"{namespace}-{account}.kubeconfig"
+        self.namespace, self.account, self.workdir = namespace, account, workdir
+        self.kubeconfig = workdir / f"{namespace}-{account}{'-' + bound_pod if bound_pod else ''}.kubeconfig"
         self.kubeconfig.write_text(
             yaml.safe_dump(
                 {
@@ -54,21 +77,28 @@ class AsServiceAccount:
             )
         )
 
+    def in_pod(self, pod: str) -> AsServiceAccount:
+        """The same ServiceAccount with a token bound to `pod` (in its namespace)."""
+        return AsServiceAccount(self.cluster, self.namespace, self.account, self.workdir, bound_pod=pod)
+
     def env(self) -> dict[str, str]:
         """What OperatorProcess runs with: the test bed's environment, this kubeconfig."""
         return self.cluster.env() | {"KUBECONFIG": str(self.kubeconfig)}
 
-    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(self.cluster.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=60, input=input,
         )  # fmt: skip
 
     def can(self, verb: str, resource: str, namespace: str) -> bool:
         return self.kubectl("auth", "can-i", verb, resource, "-n", namespace).stdout.strip() == "yes"
 
     def annotate_pod(self, namespace: str, pod: str, key: str, value: str) -> None:
-        result = self.kubectl("annotate", "--overwrite", "-n", namespace, f"pod/{pod}", f"{key}={value}")
+        """What a stage does: annotate its own pod, with the token bound to it."""
+        result = self.in_pod(pod).kubectl(
+            "annotate", "--overwrite", "-n", namespace, f"pod/{pod}", f"{key}={value}"
+        )
         assert result.returncode == 0, f"annotating pod {pod} as {self.kubeconfig.stem}: {result.stderr}"
 
 
@@ -84,8 +114,17 @@ class Installation:
 
 
 @contextmanager
-def installed(cluster: LocalCluster, tmp_path: Path, *, mode: str, release: str) -> Iterator[Installation]:
-    """helm install (monitors and rules on) and the operator started with the chart's ServiceAccount.
+def installed(
+    cluster: LocalCluster,
+    tmp_path: Path,
+    *,
+    mode: str,
+    release: str,
+    values: dict[str, Any] | None = None,
+    monitoring: bool = True,
+) -> Iterator[Installation]:
+    """helm install (monitors and rules on unless not `monitoring`, plus `values`) and the operator
+    started with the chart's ServiceAccount.
 
     mode "namespaced" lists the work namespace in watchNamespaces; "cluster-wide" only gives it the
     runtime ServiceAccount (runtime.namespaces).
@@ -93,18 +132,22 @@ def installed(cluster: LocalCluster, tmp_path: Path, *, mode: str, release: str)
     work = cluster.create_namespace(manual=True)  # stage pods stay Running until the test ends them
     system = cluster.create_namespace()
     key = "watchNamespaces" if mode == "namespaced" else "runtime.namespaces"
+    on = str(monitoring).lower()
     operator = None
     try:
         notes = helm(
             "install", release, str(CHART_DIR), "--namespace", system, "--set", f"{key}={{{work}}}",
-            "--set", "metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true,prometheusRule.enabled=true",
-            env=cluster.env(), timeout=180,
+            "--set", f"metrics.serviceMonitor.enabled={on},metrics.podMonitor.enabled={on},prometheusRule.enabled={on}",
+            *values_args(tmp_path, values or {}), env=cluster.env(), timeout=180,
         )  # fmt: skip
         as_operator = AsServiceAccount(cluster, system, f"{release}-eagle3-operator", tmp_path)
         as_runtime = AsServiceAccount(cluster, work, RUNTIME_ACCOUNT, tmp_path)
         bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
+        # Leader election as the chart's Deployment runs it: the Lease in the release's namespace.
+        election = ("--leader-elect", f"--leader-elect-resource-name={release}-eagle3-operator",
+                    f"--leader-elect-resource-namespace={system}")  # fmt: skip
         operator = OperatorProcess(
-            as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log"
+            as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log", election
         )
         operator.start()
         yield Installation(release, system, work, as_operator, as_runtime, operator, notes)

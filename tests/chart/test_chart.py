@@ -34,6 +34,10 @@ def operator_container(objects):
     return deployment, container
 
 
+def _aggregated(role):
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in role["metadata"]["labels"])
+
+
 def rules_of(objects):
     return [rule for obj in objects if obj["kind"] in {"Role", "ClusterRole"} for rule in obj["rules"]]
 
@@ -47,7 +51,12 @@ def test_helm_lint_strict_passes(name, tmp_path):
 def test_operator_deployment_defaults(tmp_path):
     deployment, container = operator_container(render(tmp_path))
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading (Lease); the standby starts before an old pod stops.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == f"{RELEASE}-eagle3-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
@@ -55,7 +64,11 @@ def test_operator_deployment_defaults(tmp_path):
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
-    assert container["args"] == ["--metrics-port=8080", "--liveness-port=8081"]
+    assert container["args"] == [
+        "--metrics-port=8080", "--liveness-port=8081", "--leader-elect",
+        f"--leader-elect-resource-name={RELEASE}-eagle3-operator", "--leader-elect-resource-namespace=eagle3-system",
+        "--leader-elect-lease-duration=15", "--leader-elect-renew-deadline=10", "--leader-elect-retry-period=2",
+    ]  # fmt: skip
     assert container["image"] == "ghcr.io/eagle3-ai/eagle3-operator:0.1.0"
     probe = container["livenessProbe"]["httpGet"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
@@ -73,8 +86,16 @@ def test_cluster_wide_rbac(tmp_path):
         "eagle3-eagle3-operator",
         "eagle3-eagle3-operator-discovery",
         "eagle3-eagle3-operator-runtime",
+        "eagle3-eagle3-operator-edit",
+        "eagle3-eagle3-operator-view",
     }
-    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    # The only Role: the leader election Lease, in the release's namespace.
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objects, "Role")] == [
+        ("eagle3-eagle3-operator-leader-election", "eagle3-system")
+    ]
+    assert [b["roleRef"]["name"] for b in by_kind(objects, "RoleBinding")] == [
+        "eagle3-eagle3-operator-leader-election"
+    ]
     for binding in by_kind(objects, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "eagle3-eagle3-operator", "namespace": "eagle3-system"}
@@ -87,7 +108,9 @@ def test_cluster_wide_rbac(tmp_path):
     (runtime_sa,) = [
         sa for sa in by_kind(objects, "ServiceAccount") if sa["metadata"]["name"] == "eagle3-runtime"
     ]
-    (runtime_binding,) = by_kind(objects, "RoleBinding")
+    (runtime_binding,) = [
+        b for b in by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] == "team-c"
+    ]
     assert runtime_sa["metadata"]["namespace"] == runtime_binding["metadata"]["namespace"] == "team-c"
     assert runtime_binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "eagle3-eagle3-operator-runtime",
@@ -99,13 +122,17 @@ def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
     _, container = operator_container(objects)
     assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     roles = by_kind(objects, "Role")
-    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["eagle3-system", "team-a", "team-b"]
     bindings = by_kind(objects, "RoleBinding")
     assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in bindings) == [
+        ("eagle3-system", "Role"),  # the leader election Lease
         ("team-a", "ClusterRole"), ("team-a", "Role"), ("team-b", "ClusterRole"), ("team-b", "Role"),
     ]  # fmt: skip
-    # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only).
+    # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only);
+    # the aggregated roles are bound by no one here (they extend admin/edit/view where those are bound).
     for role in by_kind(objects, "ClusterRole"):
+        if _aggregated(role):
+            continue
         for rule in role["rules"]:
             assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, rule
     (discovery_binding,) = by_kind(objects, "ClusterRoleBinding")
@@ -126,6 +153,80 @@ def test_rbac_is_least_privilege(name, tmp_path):
             assert set(rule["verbs"]) <= {"get", "list", "watch", "patch"}, (
                 "pods are created by Jobs/Deployments"
             )
+
+
+def test_leader_election_pdb_and_a_single_replica_without_it(tmp_path):
+    objects = render(tmp_path)
+    (budget,) = by_kind(objects, "PodDisruptionBudget")
+    deployment, container = operator_container(objects)
+    assert budget["spec"] == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+    (lease_role,) = by_kind(objects, "Role")
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    # One replica without leader election: the old pod goes first, no budget, no Lease.
+    objects = render(tmp_path, {"replicas": 1, "leaderElection": {"enabled": False}})
+    deployment, container = operator_container(objects)
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in container["args"] if a.startswith("--leader-elect")]
+    assert by_kind(objects, "PodDisruptionBudget") == [] and by_kind(objects, "Role") == []
+    # The leader must stop before its Lease can expire.
+    with pytest.raises(HelmError) as failure:
+        render(tmp_path, {"leaderElection": {"renewDeadline": 20}})
+    assert "retryPeriod < renewDeadline < leaseDuration" in failure.value.stderr
+
+
+def test_operator_may_set_block_owner_deletion_on_its_children(tmp_path):
+    """OwnerReferencesPermissionEnforcement (OpenShift) asks for `update` on the owner's finalizers."""
+    for values in (VALUES_SETS["defaults"], VALUES_SETS["namespaced"]):
+        rules = [r for role in by_kind(render(tmp_path, *values), "ClusterRole") + by_kind(render(tmp_path, *values), "Role")
+                 if role["metadata"]["name"] == "eagle3-eagle3-operator" for r in role["rules"]]  # fmt: skip
+        assert {"apiGroups": ["eagle3.ai"], "resources": ["drafttrainings/finalizers", "specdecodedeployments/finalizers"],
+                "verbs": ["update"]} in rules  # fmt: skip
+
+
+def test_aggregated_roles_extend_admin_edit_and_view(tmp_path):
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(tmp_path), "ClusterRole") if _aggregated(r)}
+    edit, view = roles["eagle3-eagle3-operator-edit"], roles["eagle3-eagle3-operator-view"]
+    assert {k: v for k, v in edit["metadata"]["labels"].items() if "aggregate" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+        "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+    }
+    assert {k: v for k, v in view["metadata"]["labels"].items() if "aggregate" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-view": "true"
+    }
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in view["rules"])
+    assert "create" in edit["rules"][0]["verbs"]
+    assert not [r for r in by_kind(render(tmp_path, {"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
+                if _aggregated(r)]  # fmt: skip
+
+
+def test_admission_policies(tmp_path):
+    """By default only the runtime account's policy; allow-lists only when listed, bound to the
+    watched namespaces (tests/chart/test_lockdown.py runs them on the API server)."""
+
+    def policies(objects):
+        return sorted(p["metadata"]["name"] for p in by_kind(objects, "ValidatingAdmissionPolicy"))
+
+    assert policies(render(tmp_path)) == ["eagle3-eagle3-operator-runtime-own-pod"]
+    assert policies(render(tmp_path, {"admissionPolicies": {"runtimeOwnPodOnly": False}})) == []
+    objects = render(tmp_path, NAMESPACED, {"admissionPolicies": {"allowedServiceTypes": ["ClusterIP"]}})
+    assert policies(objects) == [
+        "eagle3-eagle3-operator-allow-lists",
+        "eagle3-eagle3-operator-runtime-own-pod",
+    ]
+    (allow,) = [
+        p for p in by_kind(objects, "ValidatingAdmissionPolicy") if p["metadata"]["name"].endswith("lists")
+    ]
+    assert len(allow["spec"]["validations"]) == 1  # only the list that was given
+    bindings = {
+        b["metadata"]["name"]: b["spec"] for b in by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    }
+    selector = bindings["eagle3-eagle3-operator-allow-lists"]["matchResources"]["namespaceSelector"]
+    assert selector["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    assert "matchResources" not in bindings["eagle3-eagle3-operator-runtime-own-pod"]
+    with pytest.raises(HelmError, match="allowedServiceTypes"):
+        render(tmp_path, {"admissionPolicies": {"allowedServiceTypes": ["ExternalName"]}})
 
 
 def test_no_rbac_and_an_existing_service_account(tmp_path):
@@ -198,7 +299,9 @@ BAD_VALUES = [
     ({"operator": {"livenessPort": 70000}}, "/operator/livenessPort"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
-    ({"replicas": 2}, "replicas"),
+    ({"replicas": 0}, "/replicas"),
+    ({"replicas": 2, "leaderElection": {"enabled": False}}, "/leaderElection/enabled"),
+    ({"leaderElection": {"leaseDuration": "15s"}}, "/leaderElection/leaseDuration"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"resources": {"requests": {"memory": None}}}, "memory"),  # null deletes the default
     ({"prometheusRule": {"rateWindow": "5 minutes"}}, "/prometheusRule/rateWindow"),

@@ -38,6 +38,7 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
         namespace_hint = work if mode == "namespaced" else "<namespace>"
         assert f"kubectl apply -n {namespace_hint} -f examples/drafttraining.yaml" in inst.notes, inst.notes
         assert f"kubectl -n {system} rollout status deployment/{inst.release}-eagle3-operator" in inst.notes
+        assert f"Stage pods run as ServiceAccount eagle3-runtime, created in: {work}." in inst.notes
         for kind in ("servicemonitor", "podmonitor", "prometheusrule", "deployment", "service"):
             assert cluster.kubectl("get", kind, "-n", system, "-o", "name").strip(), (
                 f"helm installed no {kind}"

@@ -21,11 +21,12 @@ def crds(cluster: LocalCluster) -> LocalCluster:
 def start_operator(
     crds: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., OperatorProcess]]:
-    """Start the operator for the given namespaces; stopped (and its log shown on failure) afterwards."""
+    """Start the operator for the given namespaces (and extra arguments); stopped (and its log shown on failure) afterwards."""
     started: list[OperatorProcess] = []
 
-    def start(*namespaces: str) -> OperatorProcess:
-        process = OperatorProcess(crds, list(namespaces), tmp_path / f"operator-{len(started)}.log").start()
+    def start(*namespaces: str, args: tuple[str, ...] = ()) -> OperatorProcess:
+        log = tmp_path / f"operator-{len(started)}.log"
+        process = OperatorProcess(crds, list(namespaces), log, args).start()
         started.append(process)
         return process
 

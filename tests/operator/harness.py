@@ -6,6 +6,7 @@ so a restart is a real restart.
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import socket
@@ -15,9 +16,11 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from eagle3_operator.reconcile.training import TrainingObserved, TrainingPlanner
 from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_runtime.layout import StageResult
@@ -48,10 +51,13 @@ def install_crds(cluster: LocalCluster) -> None:
 class OperatorProcess:
     """The operator as a subprocess watching the given namespaces; logs go to a file."""
 
-    def __init__(self, cluster: LocalCluster, namespaces: list[str], log_path: Path):
+    def __init__(
+        self, cluster: LocalCluster, namespaces: list[str], log_path: Path, extra_args: tuple[str, ...] = ()
+    ):
         self.cluster = cluster
         self.namespaces = namespaces
         self.log_path = log_path
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.starts = 0
@@ -63,6 +69,7 @@ class OperatorProcess:
                 "--metrics-port", str(self.metrics_port), "--liveness-port", str(liveness_port)]  # fmt: skip
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
+        args += self.extra_args
         log = self.log_path.open("ab")
         log.write(f"\n===== operator start {self.starts + 1} =====\n".encode())
         log.flush()
@@ -93,6 +100,12 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no Lease release (a crashed node, an OOM kill)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self.proc = None
 
     def restart(self) -> None:
@@ -319,3 +332,37 @@ def events_since(cluster: LocalCluster, since: float) -> list[dict[str, Any]]:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since - 1))
     found = cluster.request("GET", "/api/v1/events")["items"]
     return [e for e in found if (e.get("lastTimestamp") or e.get("eventTime") or "") >= stamp]
+
+
+WRITE_PROBE = "/workspace/write-probe"
+
+
+def workspace_write_pod(namespace: str, claim: str, name: str = "write-probe") -> dict[str, Any]:
+    """A pod shaped like the operator's stage pods (the select Job's template, as the planner builds
+    it: security context, workspace mount of `claim`, runtime image) whose command writes to the
+    workspace and prints the file back with the uid and gid that wrote it.
+
+    On the real node (tests/support/realnode.py: on_real_node(), a fresh claim of its storage class,
+    root-owned like a new disk) it proves that a stage's first write to /workspace succeeds.
+    """
+    body = training_body(namespace, storage={"existingClaim": claim})
+    body["metadata"]["uid"] = "write-probe"
+    planner = TrainingPlanner(body, TrainingObserved(now=datetime.now(UTC)))
+    (job,) = planner.stage_jobs("select", 0)
+    spec = copy.deepcopy(job["spec"]["template"]["spec"])
+    (container,) = spec["containers"]
+    script = (
+        "import os; p = '" + WRITE_PROBE + "'; open(p, 'w').write('written'); "
+        "s = os.stat(p); print(open(p).read(), s.st_uid, s.st_gid, os.getuid(), os.getgid(), os.getgroups())"
+    )
+    container["command"] = ["python3", "-c", script]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": job["spec"]["template"]["metadata"]["labels"],
+        },
+        "spec": spec,
+    }

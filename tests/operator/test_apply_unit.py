@@ -1,12 +1,8 @@
-"""Write avoidance and event coalescing, without a cluster."""
+"""Write avoidance, without a cluster."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 from eagle3_operator.apply import contains, status_patch
-from eagle3_operator.reconciler import Reconciler
 
 
 def test_contains_ignores_server_defaults_but_sees_our_changes():
@@ -36,26 +32,18 @@ def test_status_patch_holds_only_changed_top_level_keys_and_nulls_removed_ones()
     assert status_patch(new, dict(new)) == {}
 
 
-def test_events_during_a_reconcile_fold_into_one_more_pass():
-    reconciler = Reconciler(kube=None)  # _coalesced needs no API access
-    runs = []
-
-    def reconcile() -> None:
-        runs.append(time.monotonic())
-        time.sleep(0.3)
-
-    first = threading.Thread(target=reconciler._coalesced, args=(("DraftTraining", "ns", "a"), reconcile))
-    first.start()
-    time.sleep(0.05)
-    burst = [
-        threading.Thread(target=reconciler._coalesced, args=(("DraftTraining", "ns", "a"), reconcile))
-        for _ in range(10)
-    ]
-    for thread in burst:
-        thread.start()
-    for thread in [first, *burst]:
-        thread.join()
-    assert len(runs) == 2, f"10 events during one reconcile should cost one more pass, got {len(runs)} passes"
-    # Another object is never held up by this one.
-    reconciler._coalesced(("DraftTraining", "ns", "b"), reconcile)
-    assert len(runs) == 3
+def test_status_patch_nulls_nested_keys_a_new_object_lacks():
+    # A merge patch merges objects: a draft record without draftTraining must say so with null.
+    old = {
+        "resolvedDraft": {
+            "uri": "pvc://w/export",
+            "source": "DraftTraining/x",
+            "draftTraining": {"name": "x"},
+        }
+    }
+    new = {"resolvedDraft": {"uri": "org/draft", "source": "spec.draft.model"}}
+    assert status_patch(old, new) == {
+        "resolvedDraft": {"uri": "org/draft", "source": "spec.draft.model", "draftTraining": None}
+    }
+    moved = {"resolvedDraft": old["resolvedDraft"] | {"draftTraining": {"name": "x", "generation": 2}}}
+    assert status_patch(old, moved) == {"resolvedDraft": {"draftTraining": {"generation": 2}}}

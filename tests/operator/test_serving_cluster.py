@@ -10,6 +10,7 @@ from tests.operator.harness import (
     condition,
     draft_training_path,
     drive_to_success,
+    events_of,
     get,
     prepare_training_volumes,
     spec_decode_path,
@@ -110,7 +111,27 @@ def _check_serving(cluster, ns, start_operator) -> None:
     )
 
 
-def test_from_draft_training_waits_then_rolls_the_draft_in(crds, manual_namespace, start_operator):
+def _draft_resolved_reason(cluster, ns: str, reason: str) -> dict:
+    return wait_until(
+        lambda: (
+            condition(b := cluster.request("GET", spec_decode_path(ns, "chat")), "DraftResolved").get(
+                "reason"
+            )
+            == reason
+            and b
+        ),
+        timeout=30,
+        what=f"DraftResolved reason {reason}",
+    )
+
+
+def _template_of(deployment: dict) -> tuple:
+    return deployment["metadata"]["generation"], deployment["spec"]["template"]
+
+
+def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namespace, start_operator):
+    """Waits for the DraftTraining, rolls its draft in, then keeps that draft when the training
+    is re-opened and deleted; only a change of spec.draft replaces it."""
     cluster, ns = crds, manual_namespace
     prepare_training_volumes(cluster, ns)
     start_operator(ns)
@@ -123,15 +144,8 @@ def test_from_draft_training_waits_then_rolls_the_draft_in(crds, manual_namespac
     assert condition(waiting, "DraftResolved")["status"] == "False"
     assert condition(waiting, "DraftResolved")["reason"] == "DraftTrainingNotFound"
 
-    cluster.request("POST", draft_training_path(ns), training_body(ns))
-    wait_until(
-        lambda: (
-            condition(cluster.request("GET", spec_decode_path(ns, "chat")), "DraftResolved").get("reason")
-            == "WaitingForDraftTraining"
-        ),
-        timeout=30,
-        what="WaitingForDraftTraining",
-    )
+    training = cluster.request("POST", draft_training_path(ns), training_body(ns))
+    _draft_resolved_reason(cluster, ns, "WaitingForDraftTraining")
     deployment = wait_until(lambda: _deployment(cluster, ns), timeout=30, what="vLLM Deployment")
     assert _speculative_config(deployment) is None, "the target is served alone until the draft exists"
 
@@ -143,7 +157,73 @@ def test_from_draft_training_waits_then_rolls_the_draft_in(crds, manual_namespac
                                             "num_speculative_tokens": 3}  # fmt: skip
     volume = next(v for v in rolled["spec"]["template"]["spec"]["volumes"] if v["name"] == "draft-model")
     assert volume["persistentVolumeClaim"] == {"claimName": "llama-workspace", "readOnly": True}
+    assert rolled["spec"]["template"]["metadata"]["annotations"] == {
+        "eagle3.ai/draft-export": training["metadata"]["uid"]
+    }
     body = cluster.request("GET", spec_decode_path(ns, "chat"))
     assert condition(body, "DraftResolved")["status"] == "True"
-    assert body["status"]["resolvedDraft"] == {"model": "/models/draft/export", "source": "DraftTraining/llama",
-                                               "acceptanceLength": 2.4}  # fmt: skip
+    pinned = {
+        "model": "/models/draft/export",
+        "uri": "pvc://llama-workspace/export",
+        "source": "DraftTraining/llama",
+        "draftTraining": {"name": "llama", "uid": training["metadata"]["uid"], "generation": 1},
+        "acceptanceLength": 2.4,
+    }
+    assert body["status"]["resolvedDraft"] == pinned
+
+    # Re-opened: adding export.quantize starts a quantize Job; the served draft stays.
+    cluster.request("PATCH", draft_training_path(ns, "llama"), {"spec": {"export": {"quantize": "fp8"}}})
+    reopened = _draft_resolved_reason(cluster, ns, "DraftTrainingNotExported")
+    assert condition(reopened, "DraftResolved")["status"] == "False"
+    assert reopened["status"]["resolvedDraft"] == pinned
+    assert _template_of(_deployment(cluster, ns)) == _template_of(rolled), "no rollout"
+
+    # Deleted: its consumers hear of it at once (not at the next resync) and keep the draft.
+    cluster.request("DELETE", draft_training_path(ns, "llama"))
+    deleted = _draft_resolved_reason(cluster, ns, "DraftTrainingDeleted")
+    resolved = condition(deleted, "DraftResolved")
+    assert (
+        resolved["status"] == "False" and resolved["observedGeneration"] == deleted["metadata"]["generation"]
+    )
+    assert resolved["message"] == (
+        "DraftTraining llama was deleted; keeps serving the pinned draft pvc://llama-workspace/export "
+        "(exported by generation 1) until a newer export succeeds"
+    )
+    assert deleted["status"]["resolvedDraft"] == pinned
+    assert _template_of(_deployment(cluster, ns)) == _template_of(rolled), "no rollout"
+    warnings = wait_until(
+        lambda: (
+            (
+                found := {
+                    e["reason"]: e["message"]
+                    for e in events_of(cluster, ns, "chat")
+                    if e["type"] == "Warning"
+                }
+            ).keys()
+            >= {"DraftTrainingNotExported", "DraftTrainingDeleted"}
+            and found
+        ),
+        timeout=30,
+        what="Warning events of the SpecDecodeDeployment",
+    )
+    assert warnings["DraftTrainingDeleted"] == resolved["message"]
+    # Scaling is a spec edit too, but it keeps the pin.
+    cluster.kubectl("scale", "sdd/chat", "-n", ns, "--replicas=2")
+    wait_until(
+        lambda: _deployment(cluster, ns)["spec"]["replicas"] == 2, timeout=30, what="Deployment scaled"
+    )
+    assert _speculative_config(_deployment(cluster, ns))["model"] == "/models/draft/export"
+    scaled = cluster.request("GET", spec_decode_path(ns, "chat"))
+    assert condition(scaled, "DraftResolved")["reason"] == "DraftTrainingDeleted"
+    assert scaled["status"]["resolvedDraft"] == pinned
+
+    # A change of spec.draft resets the pin.
+    cluster.request("PATCH", spec_decode_path(ns, "chat"), {"spec": {"draft": {
+        "fromDraftTraining": None, "model": "pvc://drafts/llama-eagle3"}}})  # fmt: skip
+    direct = _draft_resolved_reason(cluster, ns, "FromSpec")
+    assert direct["status"]["resolvedDraft"] == {
+        "model": "/models/draft/llama-eagle3", "uri": "pvc://drafts/llama-eagle3", "source": "spec.draft.model"
+    }  # fmt: skip
+    replaced = _deployment(cluster, ns)
+    assert _speculative_config(replaced)["model"] == "/models/draft/llama-eagle3"
+    assert "annotations" not in replaced["spec"]["template"]["metadata"]

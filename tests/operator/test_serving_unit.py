@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 from eagle3_operator.reconcile.serving import ServingObserved, plan_serving
@@ -22,6 +23,29 @@ def _spec_config(deployment: dict) -> dict | None:
 
 def _condition(status: dict, type_: str) -> dict:
     return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def _exported(path: str = "export", acceptance: float = 2.7, generation: int = 1) -> dict:
+    """A Succeeded DraftTraining's status, its draft exported to the workspace claim."""
+    return {
+        "phase": "Succeeded",
+        "stage": "export",
+        "observedGeneration": generation,
+        "bestCheckpoint": {"step": 900, "acceptanceLength": acceptance},
+        "export": {"uri": f"pvc://llama-workspace/{path}", "claimName": "llama-workspace", "path": path,
+                   "format": "eagle3", "quantization": "none"},
+    }  # fmt: skip
+
+
+def _record(path: str = "export", acceptance: float = 2.7, generation: int = 1) -> dict:
+    """status.resolvedDraft for that export of DraftTraining llama (uid-1)."""
+    return {
+        "model": f"/models/draft/{path}",
+        "uri": f"pvc://llama-workspace/{path}",
+        "source": "DraftTraining/llama",
+        "draftTraining": {"name": "llama", "uid": "uid-1", "generation": generation},
+        "acceptanceLength": acceptance,
+    }
 
 
 def test_deployment_serves_target_with_the_eagle3_draft():
@@ -75,21 +99,19 @@ def test_monitors_only_when_the_prometheus_operator_serves_them():
 
 def test_from_draft_training_waits_then_rolls_the_draft_in():
     body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
-    training = {"metadata": {"name": "llama"}, "status": {"phase": "Running", "stage": "train"}}
+    training = {
+        "metadata": {"name": "llama", "uid": "uid-1"},
+        "status": {"phase": "Running", "stage": "train"},
+    }
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     resolved = _condition(plan.status, "DraftResolved")
     assert resolved["status"] == "False" and resolved["reason"] == "WaitingForDraftTraining"
     assert _spec_config(_deployment(plan)) is None, "serves the target alone meanwhile"
     body["status"] = plan.status
-    training["status"] = {
-        "phase": "Succeeded",
-        "bestCheckpoint": {"step": 900, "acceptanceLength": 2.7},
-        "export": {"uri": "pvc://llama-workspace/export", "claimName": "llama-workspace", "path": "export"},
-    }
+    training["status"] = _exported()
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     assert _spec_config(_deployment(plan))["model"] == "/models/draft/export"
-    assert plan.status["resolvedDraft"] == {"model": "/models/draft/export", "source": "DraftTraining/llama",
-                                            "acceptanceLength": 2.7}  # fmt: skip
+    assert plan.status["resolvedDraft"] == _record()
     assert [e.reason for e in plan.events] == ["DraftResolved"]
     missing = plan_serving(body, ServingObserved(now=fakes.NOW))
     assert _condition(missing.status, "DraftResolved")["reason"] == "DraftTrainingNotFound"
@@ -120,11 +142,7 @@ def test_a_new_template_is_progressing_until_the_deployment_has_it():
         body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=settled_alone)
     )
     assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
-    training["status"] = {
-        "phase": "Succeeded",
-        "bestCheckpoint": {"step": 900, "acceptanceLength": 2.7},
-        "export": {"uri": "pvc://llama-workspace/export", "claimName": "llama-workspace", "path": "export"},
-    }
+    training["status"] = _exported()
     # The draft resolves while the live Deployment, settled, still runs the target alone.
     plan = plan_serving(
         body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=settled_alone)
@@ -141,3 +159,158 @@ def test_a_new_template_is_progressing_until_the_deployment_has_it():
         ),
     )
     assert _condition(done.status, "Progressing")["reason"] == "RolloutComplete"
+
+
+# ---- the pinned draft: serving keeps what it resolved -----------------------------------------------
+
+
+def _serving_the_export() -> tuple[dict, dict, dict]:
+    """An SDD whose pods serve DraftTraining llama's export: (body with that status, training, Deployment)."""
+    body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
+    training = {"metadata": {"name": "llama", "uid": "uid-1", "generation": 1}, "status": _exported()}
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
+    deployment = fakes.ready_deployment(_deployment(plan))
+    body["status"] = plan.status
+    settled = plan_serving(
+        body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment)
+    )
+    body["status"] = settled.status
+    return body, training, deployment
+
+
+def _assert_keeps_the_pinned_draft(body: dict, training: dict | None, deployment: dict, reason: str) -> str:
+    """Checks that the pods keep the draft and why, said once; returns the condition's message."""
+    observed = ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment)
+    plan = plan_serving(body, observed)
+    assert _deployment(plan)["spec"]["template"] == deployment["spec"]["template"], "no rollout"
+    assert _spec_config(_deployment(plan))["model"] == "/models/draft/export"
+    assert plan.status["resolvedDraft"] == body["status"]["resolvedDraft"]
+    resolved = _condition(plan.status, "DraftResolved")
+    assert (resolved["status"], resolved["reason"], resolved["observedGeneration"]) == ("False", reason, 1)
+    assert (
+        "keeps serving the pinned draft pvc://llama-workspace/export (exported by generation 1)"
+        in (resolved["message"])
+    )
+    assert [(e.type, e.reason, e.message) for e in plan.events] == [("Warning", reason, resolved["message"])]
+    assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
+    again = plan_serving(body | {"status": plan.status}, observed)
+    assert again.events == [] and again.status == plan.status, "said once, not on every reconcile"
+    return resolved["message"]
+
+
+def test_a_deleted_draft_training_leaves_its_consumers_the_pinned_draft():
+    body, _, deployment = _serving_the_export()
+    _assert_keeps_the_pinned_draft(body, None, deployment, "DraftTrainingDeleted")
+
+
+def test_a_draft_training_being_deleted_counts_as_deleted():
+    body, training, deployment = _serving_the_export()
+    training["metadata"]["deletionTimestamp"] = "2026-11-29T09:00:00Z"
+    _assert_keeps_the_pinned_draft(body, training, deployment, "DraftTrainingDeleted")
+
+
+def test_a_reopened_draft_training_leaves_the_pinned_draft_until_its_new_export():
+    body, training, deployment = _serving_the_export()
+    # export.quantize added after success: the quantize stage runs, the old export is still listed.
+    training["metadata"]["generation"] = 2
+    training["status"] |= {"phase": "Running", "stage": "quantize", "observedGeneration": 2}
+    _assert_keeps_the_pinned_draft(body, training, deployment, "DraftTrainingNotExported")
+
+
+def test_a_failed_retry_leaves_the_pinned_draft():
+    body, training, deployment = _serving_the_export()
+    training["status"] |= {
+        "phase": "Failed",
+        "stage": "quantize",
+        "conditions": [{"type": "Failed", "status": "True", "message": "stage quantize failed: OOMKilled"}],
+    }
+    message = _assert_keeps_the_pinned_draft(body, training, deployment, "DraftTrainingFailed")
+    assert message.startswith("DraftTraining llama failed: stage quantize failed: OOMKilled; keeps serving")
+
+
+def test_a_newer_successful_export_replaces_the_pinned_draft():
+    body, training, deployment = _serving_the_export()
+    training["status"] |= {"phase": "Running", "stage": "quantize", "observedGeneration": 2}
+    kept = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment))
+    body["status"] = kept.status
+    training["status"] = _exported("export-fp8", acceptance=2.6, generation=2)
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment))
+    assert _spec_config(_deployment(plan))["model"] == "/models/draft/export-fp8"
+    assert plan.status["resolvedDraft"] == _record("export-fp8", acceptance=2.6, generation=2)
+    resolved = _condition(plan.status, "DraftResolved")
+    assert (resolved["status"], resolved["reason"]) == ("True", "FromDraftTraining")
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "DraftResolved")]
+    assert "replaces pvc://llama-workspace/export" in plan.events[0].message
+    assert _condition(plan.status, "Progressing")["reason"] == "RollingOut"
+
+
+def test_a_recreated_draft_training_exporting_to_the_same_path_is_a_rollout():
+    body, training, deployment = _serving_the_export()
+    # The retained workspace gets a new export at the same path from a new DraftTraining llama.
+    training["metadata"]["uid"] = "uid-9"
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment))
+    new_template = _deployment(plan)["spec"]["template"]
+    assert _spec_config(_deployment(plan)) == _spec_config(deployment), "same path"
+    assert new_template != deployment["spec"]["template"], "the new export rolls out, not only onto new pods"
+    assert new_template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "uid-9"}
+    assert plan.status["resolvedDraft"]["draftTraining"]["uid"] == "uid-9"
+    assert [e.reason for e in plan.events] == ["DraftResolved"]
+
+
+def test_the_same_export_keeps_its_record_across_unrelated_draft_training_edits():
+    body, training, deployment = _serving_the_export()
+    training["status"]["observedGeneration"] = 3  # e.g. a label edit that re-runs nothing
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment))
+    assert plan.status == body["status"] and plan.events == []
+    assert plan.status["resolvedDraft"]["draftTraining"]["generation"] == 1
+
+
+def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
+    body, _, deployment = _serving_the_export()
+    scaled = copy.deepcopy(body)
+    scaled["metadata"]["generation"] = 2
+    scaled["spec"]["replicas"] = 4
+    plan = plan_serving(scaled, ServingObserved(now=fakes.NOW, deployment=deployment))
+    assert _spec_config(_deployment(plan))["model"] == "/models/draft/export"
+    assert _condition(plan.status, "DraftResolved")["reason"] == "DraftTrainingDeleted"
+
+    renamed = copy.deepcopy(body)
+    renamed["metadata"]["generation"] = 2
+    renamed["spec"]["draft"] = {"fromDraftTraining": "llama-v2"}
+    plan = plan_serving(renamed, ServingObserved(now=fakes.NOW, deployment=deployment))
+    assert _spec_config(_deployment(plan)) is None, "the pin belonged to DraftTraining llama"
+    assert "resolvedDraft" not in plan.status
+    resolved = _condition(plan.status, "DraftResolved")
+    assert (resolved["reason"], resolved["observedGeneration"]) == ("DraftTrainingNotFound", 2)
+    assert resolved["message"] == (
+        "DraftTraining llama-v2 does not exist; serving the target alone until it exists and succeeds"
+    )
+
+    direct = copy.deepcopy(body)
+    direct["spec"]["draft"] = {"model": "org/llama-eagle3"}
+    plan = plan_serving(direct, ServingObserved(now=fakes.NOW, deployment=deployment))
+    assert _spec_config(_deployment(plan))["model"] == "org/llama-eagle3"
+    assert plan.status["resolvedDraft"] == {
+        "model": "org/llama-eagle3", "uri": "org/llama-eagle3", "source": "spec.draft.model"
+    }  # fmt: skip
+    assert "annotations" not in _deployment(plan)["spec"]["template"]["metadata"]
+    assert [e.message for e in plan.events] == [
+        "rolling in draft org/llama-eagle3 (replaces pvc://llama-workspace/export)"
+    ]
+
+
+def test_an_export_digest_is_pinned_and_names_the_export_on_the_pod_template():
+    # No export records a digest yet (issue 14 adds it); the pin and the template are ready for it.
+    body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
+    training = {"metadata": {"name": "llama", "uid": "uid-1"}, "status": _exported()}
+    training["status"]["export"]["digest"] = "sha256:0123abcd"
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
+    assert plan.status["resolvedDraft"] == _record() | {"digest": "sha256:0123abcd"}
+    template = _deployment(plan)["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "sha256:0123abcd"}
+    body["status"] = plan.status
+    training["status"]["export"]["digest"] = "sha256:ffff"  # re-published at the same path
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
+    assert plan.status["resolvedDraft"]["digest"] == "sha256:ffff"
+    assert _deployment(plan)["spec"]["template"] != template
+    assert [e.reason for e in plan.events] == ["DraftResolved"]

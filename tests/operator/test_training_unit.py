@@ -126,7 +126,10 @@ def test_target_deployment_follows_the_rocm_recipe():
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in vllm[
         "env"
     ]
-    assert pod["securityContext"] == {"supplementalGroups": [44], "seccompProfile": {"type": "Unconfined"}}
+    assert pod["securityContext"] == {
+        "supplementalGroups": [44],
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     model = next(v for v in pod["volumes"] if v["name"] == "target-model")

@@ -1,12 +1,15 @@
 """A real HTTP server in front of vLLM that fails the first requests, then forwards them.
 
 Used to show that `eagle3 generate` retries 429/5xx answers: the failures are real HTTP
-responses on a real socket, not a patched client.
+responses on a real socket, not a patched client. `rewrite` edits each forwarded JSON body
+(the tests use it to give a tiny target's output a model family's shape).
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -15,9 +18,10 @@ import httpx
 class FlakyProxy:
     """Answers the first POSTs with `failures` (status codes) in turn, then proxies to `upstream`."""
 
-    def __init__(self, upstream: str, failures: list[int]):
+    def __init__(self, upstream: str, failures: list[int], rewrite: Callable[[dict], dict] | None = None):
         self.upstream = upstream.rstrip("/")
         self.failures = list(failures)
+        self.rewrite = rewrite
         self.served: list[int] = []  # status of every POST answered, in order
         self._lock = threading.Lock()
         proxy = self
@@ -36,6 +40,8 @@ class FlakyProxy:
                     if failure == 429:
                         self.send_header("retry-after", "0")
                 else:
+                    if proxy.rewrite:
+                        body = json.dumps(proxy.rewrite(json.loads(body))).encode()
                     answer = httpx.post(
                         proxy.upstream + self.path,
                         content=body,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_runtime.conversations import ConversationRecord, load_tokenizer, tokenize_record
+from eagle3_runtime.conversations import ConversationRecord, load_tokenizer, record_sequences
 from eagle3_runtime.extract.offline import file_samples, write_offline_shards
 from eagle3_runtime.extract.server import extraction_server_args
 from eagle3_runtime.extract.streaming import StreamingHiddenStates
@@ -33,9 +33,7 @@ def _records(tokenizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
             {"role": "user", "content": f"Continue this code:\n{text[:150]}"},
             {"role": "assistant", "content": text[150 : 250 + 60 * i]},
         ]
-        records.append(
-            tokenize_record(ConversationRecord(id=str(i), mode="chat", messages=messages), tokenizer)
-        )
+        records += record_sequences(ConversationRecord(id=str(i), mode="chat", messages=messages), tokenizer)
     return records
 
 

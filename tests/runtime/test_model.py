@@ -162,6 +162,32 @@ def test_flex_and_eager_agree_on_random_inputs():
         torch.testing.assert_close(flex(q, k, v), eager(q, k, v), atol=1e-4, rtol=1e-4)
 
 
+def test_flex_gradients_equal_the_eager_reference(monkeypatch):
+    """The flex path merges the diagonal keys into the step-0 attention through its log-sum-exp,
+    so gradients flow through that log-sum-exp too. PyTorch refuses flex backward on CPU only
+    because inductor has no CPU kernel for it; its reference math runs here in float64."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    docs = torch.tensor([[0] * 50 + [1] * 60 + [2] * 18, [0] * 128])
+    grads = []
+    for backend in ("eager", "flex"):
+        generator = torch.Generator().manual_seed(1)
+        attend = TTTAttention(docs, backend=backend)
+        inputs = [
+            [torch.randn(2, h, 128, 16, generator=generator, dtype=torch.float64) for h in (4, 2, 2)]
+            for _ in range(3)
+        ]
+        weights = torch.randn(3, 16, generator=generator, dtype=torch.float64)
+        for step in inputs:
+            for x in step:
+                x.requires_grad_(True)
+        sum((attend(*step) * w).sum() for step, w in zip(inputs, weights, strict=True)).backward()
+        grads.append([x.grad for step in inputs for x in step])
+    for flex_grad, eager_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(flex_grad, eager_grad, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_ttt_steps_equal_vllm_style_decoding_with_a_kv_cache(num_layers):
     """TTT at slot t == the draft run as vLLM runs it: a prefill over slots 0..t fed by the
@@ -253,6 +279,7 @@ def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
     target_logits = torch.randn(1, t_len, 50) * 3
     target_logits[..., 20:] -= 20.0  # the target's top-1 is inside the draft vocabulary...
     target_logits[0, 6, 45] = 100.0  # ...except at index 6: excluded
+    target_logits[0, ::2, 0] += 10.0  # the target's choice is id 0 (the uniform draft's) at even indices
     batch = TTTBatch(
         input_ids=torch.randint(0, 50, (1, t_len)),
         aux_hidden_states=torch.randn(1, t_len, 96),
@@ -274,6 +301,11 @@ def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
     # a uniform draft predicts id 0: correct exactly where the target's choice is 0
     choice = target_logits[0, :, :20].argmax(-1)
     assert stats.correct.tolist() == [float(sum(choice[j] == 0 for j in c)) for c in counted]
+    # conditional on step 0 being right at the same slot s (index s + 1 at step 0, s + 2 at step 1)
+    right = [{j - 1 - i for j in c if choice[j] == 0} for i, c in enumerate(counted)]
+    assert stats.conditional_count.tolist() == [8, len({j - 2 for j in counted[1]} & right[0])]
+    assert stats.conditional_correct.tolist() == [len(right[0]), len(right[0] & right[1])]
+    assert stats.conditional_correct[1] > 0
     loss.backward()
     assert draft.lm_head.weight.grad.abs().sum() > 0 and draft.embed_tokens.weight.grad is None
 

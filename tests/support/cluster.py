@@ -504,6 +504,7 @@ class LocalCluster:
                 f"--proxy-client-cert-file={front_proxy.cert}",
                 f"--proxy-client-key-file={front_proxy.key}",
                 "--allow-privileged=true",
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",  # as on OpenShift
                 "--profiling=false",
                 "--event-ttl=30m",
             ],

@@ -49,3 +49,15 @@ app.kubernetes.io/part-of: eagle3-operator
 {{- define "eagle3-operator.rateSuffix" -}}
 {{- printf "rate%s" .Values.prometheusRule.rateWindow }}
 {{- end }}
+
+{{/* matchResources of a policy binding: the watched namespaces, or (none) every namespace. */}}
+{{- define "eagle3-operator.policyNamespaces" -}}
+{{- if .Values.watchNamespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values: {{ toJson .Values.watchNamespaces }}
+{{- end }}
+{{- end }}

@@ -11,27 +11,35 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [eagle3.ai]
   resources: [drafttrainings/status, specdecodedeployments/status]
   verbs: [patch]
+# Children carry ownerReferences with blockOwnerDeletion: true; where the
+# OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift), setting it needs `update`
+# on the owner's finalizers.
+- apiGroups: [eagle3.ai]
+  resources: [drafttrainings/finalizers, specdecodedeployments/finalizers]
+  verbs: [update]
 # Stage Jobs; delete: a retry after a spec edit replaces the failed stage's Jobs.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
-# Target and serving Deployments and Services (server-side apply creates and patches).
+# Target and serving Deployments and Services (server-side apply creates and patches); watched,
+# like the workspace PVCs, to keep the reconciles' cache.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, list, create]
+  verbs: [get, list, watch, create]
 # Stage results (termination messages) and progress annotations.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# create: transition Events; list: why a Job creates no pods (its FailedCreate Events).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, podmonitors]
   verbs: [get, list, create, patch]

@@ -139,7 +139,9 @@ class TargetSpec(ApiModel):
     )
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
         default_factory=list,
-        description="Extra environment variables of the vLLM container.",
+        description="Extra environment variables of every container the operator runs for this object "
+        "(the vLLM servers, and a DraftTraining's stage pods). An entry named like one the operator sets "
+        "replaces it, e.g. VLLM_ROCM_USE_AITER: '0' on MI200-class GPUs, which AITER does not support.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     hf_token_secret: SecretKeyRef | None = Field(
@@ -177,8 +179,48 @@ class SchedulingSpec(ApiModel):
     priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
         None, description="PriorityClass of the pods."
     )
+    supplemental_groups: Annotated[
+        list[Annotated[int, Field(ge=1, le=4_294_967_294)]], Field(max_length=16)
+    ] = Field(
+        default_factory=list,
+        description="Supplemental groups of the pods, next to 44 (video) that GPU pods always get. Set the "
+        "GPU nodes' render group GID (`getent group render` on a node; it varies by host) so that non-root "
+        "pods can open /dev/kfd and /dev/dri/renderD*, unless the container runtime gives the devices to "
+        "the pod's user (containerd: device_ownership_from_security_context = true).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
     queue_name: Annotated[str, Field(max_length=63)] | None = Field(
         None, description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label on the Jobs."
+    )
+
+
+class PullSecret(ApiModel):
+    """An image pull Secret in the object's namespace."""
+
+    name: DnsName = Field(description="Name of the Secret.")
+
+
+ImagePullSecrets = Annotated[list[PullSecret], Field(max_length=16)]
+
+
+def image_pull_secrets_field() -> Any:
+    return Field(
+        default_factory=list,
+        description="Secrets (kubernetes.io/dockerconfigjson) in this namespace for pulling the images of every "
+        "pod the operator creates for this object, as in a Pod's imagePullSecrets.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class PodSecuritySpec(ApiModel):
+    """Security settings of the pods the operator creates (docs/install.md, "Pod Security")."""
+
+    multi_gpu_seccomp_profile: Literal["RuntimeDefault", "Unconfined"] = Field(
+        "RuntimeDefault",
+        description="Seccomp profile of pods with more than one GPU (tensor-parallel vLLM, multi-GPU trainers). "
+        "Unconfined lets RCCL use syscalls the runtime's default profile blocks, at the cost of the Pod "
+        "Security baseline level (such pods are refused in baseline and restricted namespaces). Every "
+        "other pod runs with RuntimeDefault.",
     )
 
 

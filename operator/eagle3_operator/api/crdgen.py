@@ -149,8 +149,14 @@ def build_crds() -> dict[str, dict[str, Any]]:
             {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
             _condition_column("Available", "Available"),
             _condition_column("Draft-Resolved", "DraftResolved"),
+            {
+                "name": "Draft",
+                "type": "string",
+                "jsonPath": ".status.resolvedDraft.uri",
+                "description": "The draft the pods serve (kept while Draft-Resolved is False)",
+            },
             {"name": "Target", "type": "string", "jsonPath": ".spec.target.model", "priority": 1},
-            {"name": "Draft", "type": "string", "jsonPath": ".status.resolvedDraft.source", "priority": 1},
+            {"name": "Source", "type": "string", "jsonPath": ".status.resolvedDraft.source", "priority": 1},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
         ],
     )

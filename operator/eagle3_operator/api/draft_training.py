@@ -10,11 +10,14 @@ from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quanti
 from eagle3_operator.api.common import (
     CONDITIONS_FIELD,
     Condition,
+    ImagePullSecrets,
     ModelRef,
     Phase,
+    PodSecuritySpec,
     Quantization,
     SchedulingSpec,
     TargetSpec,
+    image_pull_secrets_field,
 )
 
 KIND = "DraftTraining"
@@ -42,24 +45,35 @@ class RuntimeSpec(ApiModel):
     backoff_limit: Annotated[int, Field(ge=0, le=10)] = Field(
         2, description="Retries of a failed stage pod before the stage, and the training, fail."
     )
+    stage_deadline_seconds: Annotated[int, Field(ge=60, le=31_536_000)] | None = Field(
+        None,
+        description="Deadline of each stage Job, from its start (the Job's activeDeadlineSeconds): a stage "
+        "still running, or whose pods still cannot be scheduled or started, after this long fails the "
+        "training with reason DeadlineExceeded. No deadline when unset.",
+    )
 
 
-class DataSource(ApiModel):
-    """A dataset directory or JSONL file on a PVC, whose prompts the target answers."""
+class PromptSource(ApiModel):
+    """Prompts on a PVC: a JSONL or Parquet file, or a dataset directory of them."""
 
-    claim_name: DnsName = Field(description="PVC holding the dataset; mounted read-only.")
-    path: RelativePath = Field(description="Path of the JSONL file or dataset directory inside the PVC.")
+    claim_name: DnsName = Field(description="PVC holding the prompts; mounted read-only.")
+    path: RelativePath = Field(description="Path of the file or dataset directory inside the PVC.")
     mode: Literal["chat", "completion"] = Field(
         "chat",
         description="chat: /v1/chat/completions with the chat template; completion: raw /v1/completions.",
     )
-    weight: Annotated[float, Field(gt=0, le=1000)] = Field(1.0, description="Relative share of the samples.")
     prompt_field: Annotated[str, Field(max_length=128)] | None = Field(
         None, description="Field holding the prompt (completion mode)."
     )
     messages_field: Annotated[str, Field(max_length=128)] | None = Field(
         None, description="Field holding the conversation (chat mode)."
     )
+
+
+class DataSource(PromptSource):
+    """A dataset directory or JSONL file on a PVC, whose prompts the target answers."""
+
+    weight: Annotated[float, Field(gt=0, le=1000)] = Field(1.0, description="Relative share of the samples.")
 
 
 class DataSpec(ApiModel):
@@ -198,6 +212,11 @@ class TrainingSpec(ApiModel):
     checkpoint_every: Annotated[int, Field(ge=1)] = Field(
         500, description="Save a checkpoint every N steps (and always at the end)."
     )
+    seq_len: Annotated[int, Field(ge=64, le=1_048_576)] = Field(
+        2048,
+        description="Tokens per packed training row (at most batchTokens, so a step has batchTokens / seqLen "
+        "rows).",
+    )
     seed: Annotated[int, Field(ge=0)] = Field(0, description="Training seed.")
     resources: dict[str, Any] | None = Field(
         None,
@@ -226,21 +245,25 @@ class TrainingSpec(ApiModel):
         return ["--steps", str(self.total_steps)]
 
 
-class DatasetRef(ApiModel):
-    """A file on a PVC."""
-
-    claim_name: DnsName = Field(description="PVC holding the file; mounted read-only.")
-    path: RelativePath = Field(description="Path inside the PVC.")
-
-
 class EvaluationSpec(ApiModel):
     """Measured acceptance of checkpoints with real speculative decoding."""
 
     every_checkpoints: Annotated[int, Field(ge=1, le=1000)] = Field(
-        1, description="Evaluate every Nth checkpoint (the last one always)."
+        1, description="Evaluate the first checkpoint, every Nth after it, and always the last."
     )
-    prompts: DatasetRef | None = Field(
-        None, description="Evaluation prompts (JSONL); the first data source when unset."
+    prompts: Annotated[list[PromptSource], Field(min_length=1, max_length=16)] | None = Field(
+        None,
+        description="Evaluation prompt sources, grouped into domains by each row's `domain` field (else the "
+        "file name); the first data source when unset.",
+    )
+    prompts_per_domain: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        16, description="Prompts measured per domain (the first ones of each)."
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=131072)] = Field(
+        128, description="Max new tokens per evaluation answer (greedy)."
+    )
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = Field(
+        1, description="Evaluation requests in flight (tokens/s and speedup depend on it)."
     )
     num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
         3, description="Speculative tokens per step during evaluation."
@@ -314,6 +337,8 @@ class DraftTrainingSpec(ApiModel):
     evaluation: EvaluationSpec = section(EvaluationSpec, "Checkpoint evaluation and selection.")
     export: ExportSpec = section(ExportSpec, "Export of the best checkpoint.")
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of all pods.")
+    pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
+    image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     storage: StorageSpec = section(StorageSpec, "Workspace volume.")
 
 

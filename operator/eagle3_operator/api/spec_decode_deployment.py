@@ -7,7 +7,16 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from eagle3_operator.api.base import ApiModel, DnsName, StringMap, cel, section
-from eagle3_operator.api.common import CONDITIONS_FIELD, Condition, ModelRef, SchedulingSpec, TargetSpec
+from eagle3_operator.api.common import (
+    CONDITIONS_FIELD,
+    Condition,
+    ImagePullSecrets,
+    ModelRef,
+    PodSecuritySpec,
+    SchedulingSpec,
+    TargetSpec,
+    image_pull_secrets_field,
+)
 
 KIND = "SpecDecodeDeployment"
 PLURAL = "specdecodedeployments"
@@ -35,7 +44,8 @@ class DraftSource(ApiModel):
     )
     from_draft_training: DnsName | None = Field(
         None,
-        description="Name of a DraftTraining in this namespace; its exported draft is used once it succeeds.",
+        description="Name of a DraftTraining in this namespace; its exported draft is used once it succeeds, "
+        "and kept (status.resolvedDraft) when it is later deleted, re-opened or fails.",
     )
 
 
@@ -76,15 +86,41 @@ class SpecDecodeDeploymentSpec(ApiModel):
     )
     service: ServiceSpec = section(ServiceSpec, "The Service.")
     scheduling: SchedulingSpec = section(SchedulingSpec, "Scheduling of the vLLM pods.")
+    pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
+    image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     monitoring: MonitoringSpec = section(MonitoringSpec, "ServiceMonitor / PodMonitor toggles.")
 
 
+class DraftTrainingRef(ApiModel):
+    """The DraftTraining whose export the pods serve."""
+
+    name: str = Field(description="Its name.")
+    uid: str | None = Field(
+        None, description="Its uid (a re-created DraftTraining of the same name has another)."
+    )
+    generation: int | None = Field(
+        None,
+        description="Its observedGeneration when the export was first resolved (the spec that exported it).",
+    )
+
+
 class ResolvedDraft(ApiModel):
-    """The draft the vLLM pods load."""
+    """The draft the vLLM pods load, pinned: kept while its DraftTraining is deleted, re-opened or failed."""
 
     model: str = Field(description="What vLLM loads: a Hugging Face id or a path inside the pod.")
-    source: str = Field(description="Where it came from (the spec's model, or DraftTraining/NAME).")
-    acceptance_length: float | None = Field(None, description="Measured acceptance length, when known.")
+    uri: str = Field(
+        description="The draft as resolved: pvc://CLAIM/PATH (claim and path of the export) or a Hugging Face id."
+    )
+    source: str = Field(description="Where it came from (spec.draft.model, or DraftTraining/NAME).")
+    draft_training: DraftTrainingRef | None = Field(
+        None, description="The DraftTraining that exported it (drafts from spec.draft.fromDraftTraining)."
+    )
+    acceptance_length: float | None = Field(
+        None, description="Acceptance length measured for this draft when it was evaluated, when known."
+    )
+    digest: str | None = Field(
+        None, description="Content digest of the exported draft, when its DraftTraining's export records one."
+    )
 
 
 class SpecDecodeDeploymentStatus(ApiModel):
@@ -99,7 +135,11 @@ class SpecDecodeDeploymentStatus(ApiModel):
         description="Available, Progressing and DraftResolved.",
         json_schema_extra=CONDITIONS_FIELD,
     )
-    resolved_draft: ResolvedDraft | None = Field(None, description="The draft in use.")
+    resolved_draft: ResolvedDraft | None = Field(
+        None,
+        description="The draft the pods serve; absent while the target is served alone. A change of spec.draft "
+        "resets it; a newer successful export of the DraftTraining replaces it.",
+    )
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL inside the cluster.")
 
 

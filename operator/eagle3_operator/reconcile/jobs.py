@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from eagle3_operator.reconcile.meta import PROGRESS_ANNOTATION
+from eagle3_operator.reconcile.plan import parse_iso
 from eagle3_runtime.layout import StageResult
 
 STAGE_CONTAINER = "stage"
+DEADLINE_EXCEEDED = "DeadlineExceeded"  # the Job controller's reason for activeDeadlineSeconds
+# A Job gets its first pod within moments; one without any after this long may fail to create them.
+POD_CREATION_GRACE_S = 5.0
 
 
 @dataclass
@@ -65,6 +70,16 @@ def job_outcome(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobOutcome:
             if result is not None:
                 return JobOutcome("Succeeded", result=result, finished_at=finished)
         return JobOutcome("Succeeded", result=None, finished_at=finished)
+    if failed and failed.get("reason") == DEADLINE_EXCEEDED:
+        # Its pods were stopped (or never started): the deadline, not their exit, is the cause.
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        return JobOutcome(
+            "Failed",
+            reason=DEADLINE_EXCEEDED,
+            message=f"Job {job['metadata']['name']} was still running after its deadline of {deadline} s "
+            "(spec.runtime.stageDeadlineSeconds)",
+            finished_at=failed.get("lastTransitionTime"),
+        )
     if failed:
         outcome = JobOutcome(
             "Failed",
@@ -90,6 +105,23 @@ def job_outcome(job: dict[str, Any], pods: list[dict[str, Any]]) -> JobOutcome:
                 outcome.message += f": {detail}"
         return outcome
     return JobOutcome("Running")
+
+
+def job_age_s(job: dict[str, Any], now: datetime) -> float:
+    created = job["metadata"].get("creationTimestamp")
+    return (now - parse_iso(created)).total_seconds() if created else 0.0
+
+
+def lacks_pods(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """An active, unsuspended Job without a live pod: the Job controller may be failing to create
+    them (its FailedCreate Events say why), or waiting out the back-off after a failed pod."""
+    if _job_condition(job, "Complete") or _job_condition(job, "Failed") or job["spec"].get("suspend"):
+        return False
+    return not any(
+        p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        and not p["metadata"].get("deletionTimestamp")
+        for p in pods
+    )
 
 
 def latest_progress(pods: list[dict[str, Any]]) -> dict[str, Any] | None:

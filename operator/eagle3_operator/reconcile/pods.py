@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.common import SchedulingSpec, TargetSpec
+from eagle3_operator.api.common import PodSecuritySpec, PullSecret, SchedulingSpec, TargetSpec
 
 VLLM_PORT = 8000
-VIDEO_GROUP = 44  # /dev/kfd and /dev/dri/* belong to the "video" group on ROCm nodes
+VIDEO_GROUP = 44  # /dev/kfd and /dev/dri/* belong to "video" on older ROCm hosts, to "render" on newer
+# The runtime image's user (images/runtime/Dockerfile: uid 1000, gid 0). fsGroup makes a fresh,
+# root-owned volume writable for it; OnRootMismatch skips the recursive chown once the root is right.
+RUNTIME_USER = 1000
+RUNTIME_GROUP = 0
 TERMINATION_LOG = "/dev/termination-log"
+PROBE_PERIOD_S = 10
+STARTUP_PROBE_FAILURES = 180  # 30 minutes to download and load a large model
+# A server Deployment whose pod is still within its startup probe's budget is slow, not stuck:
+# report ProgressDeadlineExceeded only after that budget (the Deployment default is 600 s).
+SERVER_PROGRESS_DEADLINE_S = PROBE_PERIOD_S * STARTUP_PROBE_FAILURES + 600
 
 
 @dataclass
@@ -68,6 +78,17 @@ def user_env(target: TargetSpec) -> list[dict[str, Any]]:
     return [e.to_json() for e in target.env]
 
 
+def merge_env(ours: list[dict[str, Any]], users: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Container env merged by name, the user's entry winning (in our entry's place).
+
+    Kubernetes refuses a container with two entries of one name under server-side apply, and a
+    user must be able to override what we set (VLLM_ROCM_USE_AITER=0 on MI200-class GPUs).
+    """
+    by_name = {e["name"]: e for e in users}
+    merged = [by_name.pop(e["name"], e) for e in ours]
+    return merged + list(by_name.values())
+
+
 def gpu_resources(target: TargetSpec, gpus: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Requests/limits with the GPU count in both (extended resources must match)."""
     extra = extra or {}
@@ -84,18 +105,69 @@ def gpu_resources(target: TargetSpec, gpus: int, extra: dict[str, Any] | None = 
     return resources
 
 
-def apply_scheduling(
-    pod_spec: dict[str, Any], scheduling: SchedulingSpec, *, gpu_resource: str | None
+@dataclass(frozen=True)
+class PodPolicy:
+    """What an object's spec says about every pod made for it: placement, security, pull secrets."""
+
+    scheduling: SchedulingSpec
+    security: PodSecuritySpec
+    image_pull_secrets: list[PullSecret]
+
+    @classmethod
+    def of(cls, spec: Any) -> PodPolicy:
+        """From a DraftTraining or SpecDecodeDeployment spec (both carry these three fields)."""
+        return cls(spec.scheduling, spec.pod_security, list(spec.image_pull_secrets))
+
+
+# Pod Security "restricted" for every container: no privilege escalation and no capabilities. The
+# ROCm devices need none (the device plugin mounts them; group access is by supplementalGroups).
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def seccomp_profile(security: PodSecuritySpec, gpus: int) -> str:
+    """RuntimeDefault, except for multi-GPU pods when the spec lets RCCL run Unconfined."""
+    return security.multi_gpu_seccomp_profile if gpus > 1 else "RuntimeDefault"
+
+
+def pod_security_context(policy: PodPolicy, *, gpus: int, runtime_user: bool) -> dict[str, Any]:
+    """The pod securityContext: the runtime image's non-root user with its volumes made writable,
+    the seccomp profile, and for GPU pods the device groups."""
+    context: dict[str, Any] = {}
+    if runtime_user:
+        context |= {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_USER,
+            "runAsGroup": RUNTIME_GROUP,
+            "fsGroup": RUNTIME_GROUP,
+            "fsGroupChangePolicy": "OnRootMismatch",
+        }
+    groups = ([VIDEO_GROUP] if gpus else []) + list(policy.scheduling.supplemental_groups)
+    if groups:
+        context["supplementalGroups"] = list(dict.fromkeys(groups))
+    context["seccompProfile"] = {"type": seccomp_profile(policy.security, gpus)}
+    return context
+
+
+def apply_pod_policy(
+    pod_spec: dict[str, Any],
+    policy: PodPolicy,
+    *,
+    gpus: int,
+    gpu_resource: str,
+    runtime_user: bool = False,
 ) -> dict[str, Any]:
-    """Scheduling fields, and the ROCm recipe for pods that get GPUs (REFERENCE section 4)."""
+    """Scheduling fields, the ROCm recipe for pods that get GPUs (REFERENCE section 4), the security
+    contexts (runtime_user: the pod runs the eagle3 runtime image) and the image pull secrets."""
+    scheduling = policy.scheduling
     tolerations = [t.to_json() for t in scheduling.tolerations]
-    if gpu_resource:
+    if gpus:
         # Clusters commonly taint GPU nodes with the resource name; GPU pods tolerate it.
         tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
-        pod_spec["securityContext"] = {
-            "supplementalGroups": [VIDEO_GROUP],
-            "seccompProfile": {"type": "Unconfined"},  # RCCL needs syscalls the default profile blocks
-        }
+    pod_spec["securityContext"] = pod_security_context(policy, gpus=gpus, runtime_user=runtime_user)
+    for container in pod_spec["containers"]:
+        container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
+    if policy.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.to_json() for s in policy.image_pull_secrets]
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if scheduling.node_selector:
@@ -131,7 +203,11 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
 
 def vllm_container(target: TargetSpec, args: list[str], mounts: Mounts) -> dict[str, Any]:
     """The vLLM server container with /health probes; model loading may take many minutes."""
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    probe = {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": PROBE_PERIOD_S,
+        "timeoutSeconds": 5,
+    }
     return {
         "name": "vllm",
         "image": target.image,
@@ -139,32 +215,34 @@ def vllm_container(target: TargetSpec, args: list[str], mounts: Mounts) -> dict[
         "command": ["vllm", "serve"],
         "args": args,
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
-        "env": [
-            {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
-            {"name": "HF_HOME", "value": "/cache/huggingface"},
-            *hf_token_env(target),
-            *user_env(target),
-        ],
+        "env": merge_env(
+            [
+                {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
+                {"name": "HF_HOME", "value": "/cache/huggingface"},
+                *hf_token_env(target),
+            ],
+            user_env(target),
+        ),
         "resources": gpu_resources(target, target.gpus, target.resources.to_json()),
         "volumeMounts": mounts.mounts,
-        "startupProbe": probe | {"failureThreshold": 180},
+        "startupProbe": probe | {"failureThreshold": STARTUP_PROBE_FAILURES},
         "readinessProbe": probe | {"failureThreshold": 3},
         "livenessProbe": probe | {"failureThreshold": 6},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
-def vllm_pod_spec(
-    target: TargetSpec, args: list[str], mounts: Mounts, scheduling: SchedulingSpec
-) -> dict[str, Any]:
+def vllm_pod_spec(target: TargetSpec, args: list[str], mounts: Mounts, policy: PodPolicy) -> dict[str, Any]:
+    """A vLLM server pod. It needs no Kubernetes API, so it mounts no ServiceAccount token."""
     mounts.add_shm(target.shm_size)
     mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")
     pod_spec = {
         "containers": [vllm_container(target, args, mounts)],
         "volumes": mounts.volumes,
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 60,
     }
-    return apply_scheduling(pod_spec, scheduling, gpu_resource=target.gpu_resource_name)
+    return apply_pod_policy(pod_spec, policy, gpus=target.gpus, gpu_resource=target.gpu_resource_name)
 
 
 def service(meta: dict[str, Any], selector: dict[str, str], port: int, **extra: Any) -> dict[str, Any]:

@@ -12,7 +12,22 @@ from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
 from eagle3_operator.reconcile.plan import Event, Plan, iso
-from eagle3_operator.reconcile.pods import Mounts, model_location, service, vllm_args, vllm_pod_spec
+from eagle3_operator.reconcile.pods import (
+    SERVER_PROGRESS_DEADLINE_S,
+    Mounts,
+    PodPolicy,
+    model_location,
+    service,
+    vllm_args,
+    vllm_pod_spec,
+)
+from eagle3_operator.reconcile.stuck import (
+    REFUSAL_RETRY_S,
+    Problem,
+    Refusal,
+    deployment_problem,
+    first_pod_problem,
+)
 
 MONITORING_API = "monitoring.coreos.com/v1"
 
@@ -25,49 +40,111 @@ class ServingObserved:
     draft_training: dict[str, Any] | None = None
     # Prometheus Operator kinds the cluster serves ("ServiceMonitor", "PodMonitor").
     monitor_kinds: set[str] = field(default_factory=set)
+    # The vLLM pods (label eagle3.ai/spec-decode-deployment), for what holds them back.
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    # Children the API server refused in this reconcile's writes.
+    refused: list[Refusal] = field(default_factory=list)
+
+
+# On the vLLM pod template: which export of a DraftTraining the pods load (its digest when the
+# export has one, else the DraftTraining's uid). A re-created DraftTraining may export to the same
+# path; the changed annotation makes its draft a rollout instead of a silent swap under new pods only.
+DRAFT_EXPORT_ANNOTATION = "eagle3.ai/draft-export"
 
 
 @dataclass
 class DraftResolution:
+    """What the pods serve and how the DraftResolved condition reads.
+
+    `draft` is the status.resolvedDraft record (camelCase, without the in-pod `model` path), None
+    for the target alone. Unresolved with a draft means the pinned draft is kept.
+    """
+
     resolved: bool
     reason: str
     message: str
-    model_ref: str | None = None  # model id or pvc:// uri
-    source: str = ""
-    acceptance_length: float | None = None
+    draft: dict[str, Any] | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return not self.resolved and self.draft is not None
 
 
-def resolve_draft(sdd: SpecDecodeDeployment, draft_training: dict[str, Any] | None) -> DraftResolution:
+def _export_record(name: str, training: dict[str, Any]) -> dict[str, Any]:
+    status = training["status"]
+    export = status["export"]
+    record = {
+        "uri": export["uri"],
+        "source": f"DraftTraining/{name}",
+        "draftTraining": {
+            "name": name,
+            "uid": training["metadata"].get("uid"),
+            # The generation whose reconcile published the export (metadata.generation may be newer).
+            "generation": status.get("observedGeneration") or training["metadata"].get("generation"),
+        },
+        "acceptanceLength": (status.get("bestCheckpoint") or {}).get("acceptanceLength"),
+        "digest": export.get("digest"),
+    }
+    record["draftTraining"] = {k: v for k, v in record["draftTraining"].items() if v is not None}
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def _export_identity(record: dict[str, Any]) -> tuple[Any, ...]:
+    return record.get("uri"), record.get("digest"), (record.get("draftTraining") or {}).get("uid")
+
+
+def same_export(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two resolvedDraft records name the same artifact (not just the same DraftTraining)."""
+    if a is None or b is None:
+        return a is b
+    return _export_identity(a) == _export_identity(b)
+
+
+def resolve_draft(
+    sdd: SpecDecodeDeployment, draft_training: dict[str, Any] | None, pinned: dict[str, Any] | None
+) -> DraftResolution:
+    """The draft to serve, from the spec, the DraftTraining, or the draft resolved before (`pinned`).
+
+    A DraftTraining that is deleted, re-opened (no current export) or failed leaves its consumers
+    the draft they last resolved from it; a newer successful export replaces it. The pin belongs
+    to `spec.draft`: naming another DraftTraining or a model drops it (other spec edits, such as
+    scaling, keep it).
+    """
     draft = sdd.spec.draft
     if draft.model:
-        return DraftResolution(True, "FromSpec", f"draft {draft.model}", draft.model, "spec.draft.model")
+        return DraftResolution(
+            True, "FromSpec", f"draft {draft.model}", {"uri": draft.model, "source": "spec.draft.model"}
+        )
     name = draft.from_draft_training
     source = f"DraftTraining/{name}"
-    if draft_training is None:
-        return DraftResolution(
-            False, "DraftTrainingNotFound", f"DraftTraining {name} does not exist", source=source
-        )
-    status = draft_training.get("status") or {}
+    pin = pinned if pinned and pinned.get("source") == source and pinned.get("uri") else None
+    status = (draft_training or {}).get("status") or {}
     phase = status.get("phase") or "Pending"
-    export = status.get("export")
-    if phase == "Failed":
+    if draft_training is None or draft_training["metadata"].get("deletionTimestamp"):
+        pinned_reason, fresh_reason = "DraftTrainingDeleted", "DraftTrainingNotFound"
+        what = f"DraftTraining {name} " + ("was deleted" if pin else "does not exist")
+        until = "until it exists and succeeds"
+    elif phase == "Failed":
+        pinned_reason = fresh_reason = "DraftTrainingFailed"
         failed = get_condition(status.get("conditions") or [], "Failed") or {}
-        detail = failed.get("message") or "see its status"
-        return DraftResolution(
-            False, "DraftTrainingFailed", f"DraftTraining {name} failed: {detail}", source=source
-        )
-    if phase != "Succeeded" or not export:
-        stage = status.get("stage") or "not started"
-        return DraftResolution(
-            False,
-            "WaitingForDraftTraining",
-            f"DraftTraining {name} is {phase} (stage {stage}); serving the target alone until it succeeds",
-            source=source,
-        )
-    acceptance = (status.get("bestCheckpoint") or {}).get("acceptanceLength")
-    return DraftResolution(
-        True, "FromDraftTraining", f"draft {export['uri']} from {source}", export["uri"], source, acceptance
-    )
+        what = f"DraftTraining {name} failed: {failed.get('message') or 'see its status'}"
+        until = "until a spec edit retries it and it succeeds"
+    elif phase != "Succeeded" or not status.get("export"):
+        pinned_reason, fresh_reason = "DraftTrainingNotExported", "WaitingForDraftTraining"
+        what = f"DraftTraining {name} is {phase} (stage {status.get('stage') or 'not started'})"
+        until = "until it succeeds"
+    else:
+        record = _export_record(name, draft_training)
+        # The same export keeps its record as first resolved (a later DraftTraining edit that
+        # re-runs nothing changes its observedGeneration, not the draft).
+        record = pin if same_export(pin, record) else record
+        return DraftResolution(True, "FromDraftTraining", f"draft {record['uri']} from {source}", record)
+    if pin:
+        exported = pin.get("draftTraining", {}).get("generation")
+        by = f" (exported by generation {exported})" if exported is not None else ""
+        message = f"{what}; keeps serving the pinned draft {pin['uri']}{by} until a newer export succeeds"
+        return DraftResolution(False, pinned_reason, message, pin)
+    return DraftResolution(False, fresh_reason, f"{what}; serving the target alone {until}")
 
 
 def speculative_config(model: str, num_tokens: int, revision: str | None) -> str:
@@ -87,19 +164,24 @@ class ServingPlanner:
         self.labels = meta.labels(self.name, "server", meta.SPEC_DECODE_LABEL)
         self.selector = meta.selector_labels(self.name, "server", meta.SPEC_DECODE_LABEL)
 
-    def deployment(self, draft: DraftResolution) -> tuple[dict[str, Any], str | None]:
+    def deployment(self, draft: dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+        """The vLLM Deployment serving `draft` (a resolvedDraft record; None: the target alone)."""
         spec = self.sdd.spec
         target = spec.target
         mounts = Mounts()
         model = model_location(target.model, "target", mounts)
         args = vllm_args(target, model, spec.served_model_name or target.model)
+        template_metadata: dict[str, Any] = {"labels": self.labels}
         draft_path = None
-        if draft.resolved and draft.model_ref:
-            draft_path = model_location(draft.model_ref, "draft", mounts)
+        if draft:
+            draft_path = model_location(draft["uri"], "draft", mounts)
             config = speculative_config(draft_path, spec.num_speculative_tokens, spec.draft.revision)
             args += ["--speculative-config", config]
-        pod_spec = vllm_pod_spec(target, args, mounts, spec.scheduling)
-        template = {"metadata": {"labels": self.labels}, "spec": pod_spec}
+            if "draftTraining" in draft:
+                export_id = draft.get("digest") or draft["draftTraining"].get("uid", "")
+                template_metadata["annotations"] = {DRAFT_EXPORT_ANNOTATION: export_id}
+        pod_spec = vllm_pod_spec(target, args, mounts, PodPolicy.of(spec))
+        template = {"metadata": template_metadata, "spec": pod_spec}
         metadata = meta.object_meta(self.body, self.name, self.labels)
         metadata["annotations"] = {meta.TEMPLATE_HASH_ANNOTATION: meta.content_hash(template)}
         deployment = {
@@ -109,6 +191,7 @@ class ServingPlanner:
             "spec": {
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": self.selector},
+                "progressDeadlineSeconds": SERVER_PROGRESS_DEADLINE_S,
                 "template": template,
             },
         }
@@ -160,8 +243,11 @@ class ServingPlanner:
     def build(self) -> Plan:
         spec = self.sdd.spec
         plan = Plan()
-        draft = resolve_draft(self.sdd, self.observed.draft_training)
-        deployment, draft_path = self.deployment(draft)
+        old = self.body.get("status") or {}
+        # What the pods served so far, as resolve_draft records it (the in-pod path is derived).
+        served = {k: v for k, v in (old.get("resolvedDraft") or {}).items() if k != "model"} or None
+        draft = resolve_draft(self.sdd, self.observed.draft_training, served)
+        deployment, draft_path = self.deployment(draft.draft)
         svc_meta = meta.object_meta(self.body, self.name, self.labels)
         if spec.service.annotations:
             svc_meta["annotations"] = dict(spec.service.annotations)
@@ -170,7 +256,6 @@ class ServingPlanner:
             service(svc_meta, self.selector, spec.service.port, type=spec.service.type),
             *self.monitors(),
         ]
-        old = self.body.get("status") or {}
         status = copy.deepcopy(old)
         observed_status = (self.observed.deployment or {}).get("status") or {}
         ready = observed_status.get("readyReplicas") or 0
@@ -181,27 +266,30 @@ class ServingPlanner:
             "selector": ",".join(f"{k}={v}" for k, v in sorted(self.selector.items())),
             "endpoint": f"http://{self.name}.{self.namespace}.svc:{spec.service.port}/v1",
         }
-        if draft.resolved:
-            resolved = {
-                "model": draft_path,
-                "source": draft.source,
-                "acceptanceLength": draft.acceptance_length,
-            }
-            status["resolvedDraft"] = {k: v for k, v in resolved.items() if v is not None}
+        if draft.draft:
+            status["resolvedDraft"] = {"model": draft_path, **draft.draft}
         else:
             status.pop("resolvedDraft", None)
         conditions = list(status.get("conditions") or [])
         gen, now = self.body["metadata"].get("generation"), iso(self.observed.now)
-        previous_draft = get_condition(conditions, "DraftResolved")
+        previous = get_condition(conditions, "DraftResolved")
         set_condition(conditions, "DraftResolved", draft.resolved, draft.reason, draft.message, gen, now)
-        if draft.resolved and previous_draft and previous_draft.get("status") == "False":
-            plan.events.append(Event("Normal", "DraftResolved", f"rolling in {draft.message}"))
-        elif not draft.resolved and (previous_draft or {}).get("reason") != draft.reason:
-            plan.events.append(Event("Normal", draft.reason, draft.message))
+        plan.events += self._draft_events(draft, previous, served)
         available, reason, message = self._availability(ready)
+        progressing, progress_reason, progress_message = self._progressing(deployment)
+        for type_, status_, problem in self._stuck(available, progressing):
+            if (get_condition(conditions, type_) or {}).get("reason") != problem.reason and not any(
+                e.reason == problem.reason for e in plan.events
+            ):
+                plan.events.append(Event("Warning", problem.reason, problem.message))
+            if type_ == "Available":
+                reason, message = problem.reason, f"{message}: {problem.message}"
+            else:
+                progressing, progress_reason, progress_message = status_, problem.reason, problem.message
         set_condition(conditions, "Available", available, reason, message, gen, now)
-        progressing, reason, message = self._progressing(deployment)
-        set_condition(conditions, "Progressing", progressing, reason, message, gen, now)
+        set_condition(conditions, "Progressing", progressing, progress_reason, progress_message, gen, now)
+        if self.observed.refused:
+            plan.requeue_after = REFUSAL_RETRY_S
         previous_available = get_condition(old.get("conditions") or [], "Available")
         if previous_available and previous_available.get("status") != ("True" if available else "False"):
             plan.events.append(
@@ -212,6 +300,45 @@ class ServingPlanner:
         status["conditions"] = conditions
         plan.status = status
         return plan
+
+    @staticmethod
+    def _draft_events(
+        draft: DraftResolution, previous: dict[str, Any] | None, served: dict[str, Any] | None
+    ) -> list[Event]:
+        """An Event when the draft changes or stops resolving; none on the first reconcile's success."""
+        if draft.resolved:
+            if previous is None:
+                return []
+            if not same_export(served, draft.draft):
+                replaced = f" (replaces {served['uri']})" if served and "uri" in served else ""
+                return [Event("Normal", "DraftResolved", f"rolling in {draft.message}{replaced}")]
+            if previous.get("status") != "True":
+                return [
+                    Event("Normal", "DraftResolved", f"{draft.message} resolves again; nothing to roll out")
+                ]
+            return []
+        if (previous or {}).get("reason") == draft.reason:
+            return []
+        # Losing a source is a Warning whether or not a pinned draft covers for it; waiting is not.
+        warning = draft.pinned or draft.reason == "DraftTrainingFailed"
+        return [Event("Warning" if warning else "Normal", draft.reason, draft.message)]
+
+    def _stuck(self, available: bool, progressing: bool) -> list[tuple[str, bool, Problem]]:
+        """(condition, its status, problem) for what holds the vLLM pods back: a refused write or a
+        deadline stops Progressing; a stuck pod explains why replicas are not Available, or why a
+        rollout is still Progressing."""
+        found = []
+        pods = first_pod_problem(self.observed.pods)
+        deployment = deployment_problem(self.observed.deployment)
+        if self.observed.refused:
+            found.append(("Progressing", False, self.observed.refused[0].problem()))
+        elif deployment and deployment.reason == "ProgressDeadlineExceeded":
+            found.append(("Progressing", False, deployment))
+        elif progressing and (pods or deployment):
+            found.append(("Progressing", True, pods or deployment))
+        if not available and self.sdd.spec.replicas and (pods or deployment):
+            found.append(("Available", False, pods or deployment))
+        return found
 
     def _availability(self, ready: int) -> tuple[bool, str, str]:
         wanted = self.sdd.spec.replicas

@@ -13,21 +13,46 @@ from pydantic import ValidationError
 from eagle3_operator.api.draft_training import DraftTraining, Progress
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
-from eagle3_operator.reconcile.jobs import STAGE_CONTAINER, JobOutcome, job_outcome, latest_progress
+from eagle3_operator.reconcile.jobs import (
+    DEADLINE_EXCEEDED,
+    POD_CREATION_GRACE_S,
+    STAGE_CONTAINER,
+    JobOutcome,
+    job_age_s,
+    job_outcome,
+    lacks_pods,
+    latest_progress,
+)
 from eagle3_operator.reconcile.plan import Event, Plan, iso, parse_iso
 from eagle3_operator.reconcile.pods import (
+    PROBE_PERIOD_S,
+    SERVER_PROGRESS_DEADLINE_S,
+    STARTUP_PROBE_FAILURES,
     TERMINATION_LOG,
     VLLM_PORT,
     Mounts,
-    apply_scheduling,
+    PodPolicy,
+    apply_pod_policy,
     downward_env,
     gpu_resources,
     hf_token_env,
+    merge_env,
     model_location,
     service,
+    user_env,
     vllm_args,
     vllm_pod_spec,
 )
+from eagle3_operator.reconcile.stuck import (
+    REFUSAL_RETRY_S,
+    Problem,
+    Refusal,
+    deployment_problem,
+    first_pod_problem,
+    job_creation_problem,
+)
+from eagle3_runtime import stage_plan
+from eagle3_runtime.stage_plan import StageInputError, server_for, workspace_claim
 
 STAGE_CONDITIONS = {
     "generate": "Generated",
@@ -42,6 +67,9 @@ STAGE_CONDITIONS = {
 # missing StageResult is a failure of the stage.
 RESULT_GRACE_S = 60.0
 RESULT_POLL_S = 5.0
+# A Job without pods is looked at again until its pods appear or the Job controller says why not
+# (FailedCreate Events are not watched); after this long the periodic resync does it.
+POD_CREATION_WATCH_S = 300.0
 WORKSPACE = "/workspace"
 TORCHRUN_PORT = 29500
 STREAM_PORT = 5600
@@ -51,10 +79,14 @@ SERVERS = {
     "stream": ("streaming extraction server", "StreamServerReady", "StreamServerScaledDown"),
 }
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
-
-
-class StageError(Exception):
-    """A stage cannot be planned from what earlier stages reported."""
+# Reasons of a stage condition in the normal course; any other reason is a stuck stage's problem.
+STAGE_REASONS = {
+    "Succeeded": "Completed",
+    "Running": "Running",
+    "Failed": "Failed",
+    "Pending": "Pending",
+}
+WAITING_REASONS = {"target": "WaitingForTarget", "stream": "WaitingForStreamServer"}
 
 
 @dataclass
@@ -65,6 +97,10 @@ class TrainingObserved:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # FailedCreate Events of Jobs in the namespace, read only while jobs_lacking_pods() is not empty.
+    job_events: list[dict[str, Any]] = field(default_factory=list)
+    # Children the API server refused in this reconcile's writes.
+    refused: list[Refusal] = field(default_factory=list)
 
     def pods_of(self, job_name: str) -> list[dict[str, Any]]:
         return [
@@ -73,34 +109,25 @@ class TrainingObserved:
             if any((p["metadata"].get("labels") or {}).get(k) == job_name for k in JOB_NAME_LABELS)
         ]
 
+    def server_pods(self, server: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods
+            if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == server
+            and meta.STAGE_LABEL not in (p["metadata"].get("labels") or {})
+        ]
 
-def pipeline(dt: DraftTraining) -> list[str]:
-    stages = ["generate"]
-    if dt.spec.hidden_states.mode == "offline":
-        stages.append("extract")
-    stages += ["train", "evaluate", "select", "export"]
-    if dt.spec.export.quantize != "none":
-        stages.append("quantize")
-    return stages
-
-
-def server_for(dt: DraftTraining, stage: str | None) -> str | None:
-    """The long-running server a stage talks to: the target vLLM for generation, the streaming
-    extraction server (`eagle3 extract --mode streaming`) for streaming training; None otherwise
-    (the other stages load the target themselves or need no model)."""
-    if stage == "generate":
-        return "target"
-    if stage == "train" and dt.spec.hidden_states.mode == "streaming":
-        return "stream"
-    return None
+    def jobs_lacking_pods(self) -> list[dict[str, Any]]:
+        """Jobs whose FailedCreate Events are worth reading: active, past their first moments, podless."""
+        return [
+            job
+            for name, job in sorted(self.jobs.items())
+            if job_age_s(job, self.now) >= POD_CREATION_GRACE_S and lacks_pods(job, self.pods_of(name))
+        ]
 
 
 def server_name(dt: DraftTraining, server: str) -> str:
     return f"{dt.metadata['name']}-{server}"
-
-
-def workspace_claim(dt: DraftTraining) -> str:
-    return dt.spec.storage.existing_claim or f"{dt.metadata['name']}-workspace"
 
 
 def trainer_service_name(dt: DraftTraining) -> str:
@@ -117,37 +144,28 @@ def job_name(dt: DraftTraining, stage: str, attempt: int, suffix: str = "") -> s
     return meta.dns_label(name)
 
 
-def export_destination(dt: DraftTraining) -> tuple[str, str, str]:
-    """(claim, path inside the claim, path inside the pods) of the final draft."""
-    export = dt.spec.export
-    if export.claim_name:
-        path = export.path or dt.metadata["name"]
-        return export.claim_name, path, f"/export/{path}"
-    path = "export" if export.quantize == "none" else f"export-{export.quantize}"
-    return workspace_claim(dt), path, f"{WORKSPACE}/{path}"
+class PodLocations:
+    """Where a stage pod finds what the spec names (stage_plan.Locations): the workspace at
+    /workspace, models under /models/ROLE, read-only data claims under /sources/CLAIM, the export
+    claim at /export; each claim is added to the pod's volumes when first used."""
 
+    workspace = WORKSPACE
 
-def _num(value: float) -> str:
-    return format(value, "g")
+    def __init__(self, mounts: Mounts):
+        self.mounts = mounts
+        self._sources: dict[str, str] = {}
 
+    def model(self, ref: str, role: str) -> str:
+        return model_location(ref, role, self.mounts)
 
-def _layer_ids(dt: DraftTraining) -> str:
-    ids = dt.spec.hidden_states.layer_ids
-    return ",".join(str(i) for i in ids) if ids else "auto"
+    def dataset(self, claim: str, path: str) -> str:
+        volume = self._sources.setdefault(claim, f"source-{len(self._sources)}")
+        self.mounts.add_claim(volume, claim, f"/sources/{claim}", read_only=True)
+        return f"/sources/{claim}/{path}"
 
-
-def checkpoints_to_evaluate(dt: DraftTraining, train_metrics: dict[str, Any]) -> list[int]:
-    """Every Nth checkpoint the trainer reported, and always the last one."""
-    steps = sorted({int(s) for s in train_metrics.get("checkpoints") or []})
-    if not steps and train_metrics.get("step") is not None:
-        steps = [int(train_metrics["step"])]
-    if not steps:
-        raise StageError("the train stage reported no checkpoints")
-    every = dt.spec.evaluation.every_checkpoints
-    chosen = [s for i, s in enumerate(steps, start=1) if i % every == 0]
-    if steps[-1] not in chosen:
-        chosen.append(steps[-1])
-    return chosen
+    def output(self, claim: str, path: str) -> str:
+        self.mounts.add_claim("export", claim, "/export")
+        return f"/export/{path}"
 
 
 class TrainingPlanner:
@@ -186,7 +204,7 @@ class TrainingPlanner:
         mounts = Mounts()
         model = model_location(target.model, "target", mounts)
         pod_spec = vllm_pod_spec(
-            target, vllm_args(target, model, target.model), mounts, self.dt.spec.scheduling
+            target, vllm_args(target, model, target.model), mounts, PodPolicy.of(self.dt.spec)
         )
         return self._server_deployment("target", replicas, pod_spec)
 
@@ -195,50 +213,48 @@ class TrainingPlanner:
         hidden states to the trainer over zmq (STREAM_PORT)."""
         spec = self.dt.spec
         mounts = Mounts()
-        model = model_location(spec.target.model, "target", mounts)
+        argv = stage_plan.stream_server_argv(self.dt, PodLocations(mounts), VLLM_PORT, STREAM_PORT)
         mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
         mounts.add_shm(spec.target.shm_size)
-        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+        probe = {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": PROBE_PERIOD_S,
+            "timeoutSeconds": 5,
+        }
         container = {
             "name": STAGE_CONTAINER,
             "image": spec.runtime.image,
             "imagePullPolicy": spec.runtime.image_pull_policy,
-            "command": [
-                "eagle3",
-                "extract",
-                "--workspace",
-                WORKSPACE,
-                "--mode",
-                "streaming",
-                "--target",
-                model,
-                "--layer-ids",
-                _layer_ids(self.dt),
-                "--port",
-                str(VLLM_PORT),
-                "--stream-port",
-                str(STREAM_PORT),
-            ],  # fmt: skip
+            "command": ["eagle3", *argv],
             "ports": [
                 {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
                 {"name": "stream", "containerPort": STREAM_PORT, "protocol": "TCP"},
             ],
-            "env": [
-                *downward_env(),
-                {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"},
-                {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
-                *hf_token_env(spec.target),
-            ],
+            "env": merge_env(
+                [
+                    *downward_env(),
+                    {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"},
+                    {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
+                    *hf_token_env(spec.target),
+                ],
+                user_env(spec.target),
+            ),
             "resources": gpu_resources(spec.target, spec.target.gpus),
             "volumeMounts": mounts.mounts,
-            "startupProbe": probe | {"failureThreshold": 180},
+            "startupProbe": probe | {"failureThreshold": STARTUP_PROBE_FAILURES},
             "readinessProbe": probe | {"failureThreshold": 3},
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
         pod_spec: dict[str, Any] = {"containers": [container], "volumes": mounts.volumes}
         if spec.runtime.service_account_name:
             pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_scheduling(pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name)
+        apply_pod_policy(
+            pod_spec,
+            PodPolicy.of(spec),
+            gpus=spec.target.gpus,
+            gpu_resource=spec.target.gpu_resource_name,
+            runtime_user=True,
+        )
         return self._server_deployment("stream", replicas, pod_spec)
 
     def _server_deployment(self, server: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -252,6 +268,7 @@ class TrainingPlanner:
                 "selector": {"matchLabels": selector},
                 # A second server would need a second set of GPUs; replace instead of surging.
                 "strategy": {"type": "Recreate"},
+                "progressDeadlineSeconds": SERVER_PROGRESS_DEADLINE_S,
                 "template": {"metadata": {"labels": self._labels(server)}, "spec": pod_spec},
             },
         }
@@ -286,58 +303,60 @@ class TrainingPlanner:
 
     def stage_job(
         self,
-        stage: str,
         name: str,
-        args: list[str],
+        argv: list[str],
         mounts: Mounts,
         *,
         gpus: int = 0,
         nodes: int = 1,
         extra_resources: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A Job whose pods run `eagle3 <stage> ...` over the workspace (docs/contracts.md)."""
+        """A Job whose pods run `eagle3 STAGE ...` (argv from stage_plan) over the workspace
+        (docs/contracts.md)."""
         spec = self.dt.spec
+        stage = argv[0]
         mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
         if gpus:
             mounts.add_shm(spec.target.shm_size)
-        command = ["eagle3", stage, *args, "--result-file", TERMINATION_LOG]
+        command = ["eagle3", *argv, "--result-file", TERMINATION_LOG]
         env = [*downward_env(), {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"}]
         env += hf_token_env(spec.target)
         if gpus:
             env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
         pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
-        if nodes > 1 or (stage == "train" and spec.training.gpus_per_node > 1):
-            # torchrun starts one process per GPU; with several pods, rank 0 is the Job's index-0 pod,
-            # reached through the headless Service.
-            env.append(
-                {
-                    "name": "NODE_RANK",
-                    "valueFrom": {
-                        "fieldRef": {
-                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-                        }
-                    },
-                }
-            )
-            master = f"{name}-0.{trainer_service_name(self.dt)}"
-            command = [
-                "torchrun",
-                f"--nnodes={nodes}",
-                f"--nproc-per-node={spec.training.gpus_per_node}",
-                "--node-rank=$(NODE_RANK)",
-                f"--master-addr={master}" if nodes > 1 else "--master-addr=127.0.0.1",
-                f"--master-port={TORCHRUN_PORT}",
-                "--no-python",
-                *command,
-            ]
-            if nodes > 1:
+        if stage == "train" and (nodes > 1 or spec.training.gpus_per_node > 1):
+            # torchrun starts one process per GPU.
+            launcher = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={spec.training.gpus_per_node}"]
+            if nodes == 1:
+                # One pod rendezvouses with itself; its Job is not Indexed, so no completion index
+                # (rank) exists to pass.
+                launcher.append("--standalone")
+            else:
+                # Several pods: the rank is the pod's completion index in the Indexed Job, and rank 0
+                # (the index-0 pod) is reached through the headless Service.
+                env.append(
+                    {
+                        "name": "NODE_RANK",
+                        "valueFrom": {
+                            "fieldRef": {
+                                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                            }
+                        },
+                    }
+                )
+                launcher += [
+                    "--node-rank=$(NODE_RANK)",
+                    f"--master-addr={name}-0.{trainer_service_name(self.dt)}",
+                    f"--master-port={TORCHRUN_PORT}",
+                ]
                 pod_spec["subdomain"] = trainer_service_name(self.dt)
+            command = [*launcher, "--no-python", *command]
         container = {
             "name": STAGE_CONTAINER,
             "image": spec.runtime.image,
             "imagePullPolicy": spec.runtime.image_pull_policy,
             "command": command,
-            "env": env,
+            "env": merge_env(env, user_env(spec.target)),
             "volumeMounts": mounts.mounts,
             "terminationMessagePath": TERMINATION_LOG,
             "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -348,8 +367,12 @@ class TrainingPlanner:
         pod_spec |= {"containers": [container], "volumes": mounts.volumes}
         if spec.runtime.service_account_name:
             pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_scheduling(
-            pod_spec, spec.scheduling, gpu_resource=spec.target.gpu_resource_name if gpus else None
+        apply_pod_policy(
+            pod_spec,
+            PodPolicy.of(spec),
+            gpus=gpus,
+            gpu_resource=spec.target.gpu_resource_name,
+            runtime_user=True,
         )
         job_labels = self._labels(stage) | {meta.STAGE_LABEL: stage}
         if spec.scheduling.queue_name:
@@ -363,6 +386,8 @@ class TrainingPlanner:
         }
         if nodes > 1:
             job_spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+        if spec.runtime.stage_deadline_seconds:
+            job_spec["activeDeadlineSeconds"] = spec.runtime.stage_deadline_seconds
         if spec.scheduling.queue_name:
             job_spec["suspend"] = True  # Kueue admits the Job by unsuspending it
         return {
@@ -373,102 +398,34 @@ class TrainingPlanner:
         }
 
     def stage_jobs(self, stage: str, attempt: int) -> list[dict[str, Any]]:
+        """The Jobs of one stage, each running its stage_plan command with the volumes that names."""
         spec = self.dt.spec
+        if stage == "evaluate":
+            jobs = []
+            for step in stage_plan.checkpoints_to_evaluate(
+                self.dt, self._stage_record("train").get("metrics") or {}
+            ):
+                mounts = Mounts()
+                argv = stage_plan.stage_argv(self.dt, stage, PodLocations(mounts), step=step)
+                name = job_name(self.dt, stage, attempt, str(step))
+                jobs.append(self.stage_job(name, argv, mounts, gpus=spec.target.gpus))
+            return jobs
         mounts = Mounts()
+        server = server_for(self.dt, stage)
+        argv = stage_plan.stage_argv(
+            self.dt, stage, PodLocations(mounts), server=self.server_url(server) if server else None
+        )
         name = job_name(self.dt, stage, attempt)
-        common = ["--workspace", WORKSPACE]
-        if stage == "generate":
-            args = [*common, "--server", self.server_url(), "--model", spec.target.model]
-            claims: dict[str, str] = {}
-            for source in spec.data.sources:
-                volume = claims.setdefault(source.claim_name, f"source-{len(claims)}")
-                mounts.add_claim(volume, source.claim_name, f"/sources/{source.claim_name}", read_only=True)
-                arg = f"/sources/{source.claim_name}/{source.path},mode={source.mode},weight={_num(source.weight)}"
-                if source.prompt_field:
-                    arg += f",prompt-field={source.prompt_field}"
-                if source.messages_field:
-                    arg += f",messages-field={source.messages_field}"
-                args += ["--source", arg]
-            data = spec.data
-            args += [
-                "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
-                "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
-                "--concurrency", str(data.concurrency), "--seed", str(data.seed), "--on-bad-row", data.on_bad_row,
-            ]  # fmt: skip
-            return [self.stage_job(stage, name, args, mounts)]
         if stage == "extract":
-            model = model_location(spec.target.model, "target", mounts)
-            args = [*common, "--mode", "offline", "--target", model, "--layer-ids", _layer_ids(self.dt)]
-            return [self.stage_job(stage, name, args, mounts, gpus=spec.target.gpus)]
+            return [self.stage_job(name, argv, mounts, gpus=spec.target.gpus)]
         if stage == "train":
             training = spec.training
-            model = model_location(spec.target.model, "target", mounts)
-            args = [*common, "--target", model, "--hidden-states", spec.hidden_states.mode]
-            if spec.hidden_states.mode == "streaming":
-                args += ["--server", self.server_url("stream")]
-            args += [
-                "--layer-ids", _layer_ids(self.dt), "--draft-vocab-size", str(spec.draft.vocab_size),
-                "--draft-layers", str(spec.draft.layers),
-                *training.length_args, "--learning-rate", _num(training.learning_rate),
-                "--batch-tokens", str(training.batch_tokens), "--ttt-steps", str(training.ttt_steps),
-                "--loss-decay", _num(training.loss_decay), "--checkpoint-every", str(training.checkpoint_every),
-                "--seed", str(training.seed),
-            ]  # fmt: skip
-            if spec.draft.initialization.source == "checkpoint":
-                args += ["--init-checkpoint", model_location(spec.draft.initialization.path, "init", mounts)]
             job = self.stage_job(
-                stage, name, args, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
+                name, argv, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
                 extra_resources=training.resources,
             )  # fmt: skip
             return [job]
-        if stage == "evaluate":
-            steps = checkpoints_to_evaluate(self.dt, self._stage_record("train").get("metrics") or {})
-            prompts = spec.evaluation.prompts or spec.data.sources[0]
-            # Prompts borrowed from a data source are read the way generation read them.
-            mode = f",mode={prompts.mode}" if hasattr(prompts, "mode") else ""
-            jobs = []
-            for step in steps:
-                job_mounts = Mounts()
-                model = model_location(spec.target.model, "target", job_mounts)
-                job_mounts.add_claim("prompts", prompts.claim_name, "/prompts", read_only=True)
-                args = [
-                    *common, "--target", model, "--checkpoint", f"step-{step:08d}",
-                    "--prompts", f"/prompts/{prompts.path}{mode}",
-                    "--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens),
-                    # One baseline per prompt set, shared by every checkpoint's Job: a second vLLM
-                    # start per checkpoint would double the evaluators' GPU time for a number
-                    # that does not pick the checkpoint (acceptance length does).
-                    "--baseline", "cached",
-                ]  # fmt: skip
-                if spec.target.max_model_len:
-                    args += ["--max-model-len", str(spec.target.max_model_len)]
-                jobs.append(
-                    self.stage_job(
-                        stage,
-                        job_name(self.dt, stage, attempt, str(step)),
-                        args,
-                        job_mounts,
-                        gpus=spec.target.gpus,
-                    )
-                )
-            return jobs
-        if stage == "select":
-            return [self.stage_job(stage, name, common, mounts)]
-        claim, _, final_dir = export_destination(self.dt)
-        if claim != workspace_claim(self.dt):
-            mounts.add_claim("export", claim, "/export")
-        if stage == "export":
-            output = final_dir if spec.export.quantize == "none" else f"{WORKSPACE}/export"
-            args = [*common, "--checkpoint", "best", "--format", spec.export.format, "--output", output]
-            if spec.export.format == "speculators" and not spec.target.model.startswith("pvc://"):
-                # The speculators format records its verifier, so `vllm serve DRAFT` finds the target.
-                args += ["--target", spec.target.model]
-                args += ["--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens)]
-            return [self.stage_job(stage, name, args, mounts)]
-        if stage == "quantize":
-            args = ["--input", f"{WORKSPACE}/export", "--output", final_dir, "--scheme", spec.export.quantize]
-            return [self.stage_job(stage, name, args, mounts)]
-        raise ValueError(f"unknown stage {stage}")
+        return [self.stage_job(name, argv, mounts)]
 
     # ---- state machine ---------------------------------------------------------------------------
 
@@ -523,8 +480,8 @@ class TrainingPlanner:
         if stage == "select":
             best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
             updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
-        if stage == pipeline(self.dt)[-1]:
-            claim, path, _ = export_destination(self.dt)
+        if stage == stage_plan.stages(self.dt)[-1]:
+            claim, path = stage_plan.export_destination(self.dt)
             updates["export"] = {
                 "claimName": claim,
                 "path": path,
@@ -560,7 +517,7 @@ class TrainingPlanner:
         record = self.records[stage]
         try:
             desired = self.stage_jobs(stage, record.get("attempt", 0))
-        except StageError as exc:
+        except StageInputError as exc:
             self._fail(stage, "InvalidStageInput", str(exc))
             return False
         outcomes = []
@@ -585,9 +542,13 @@ class TrainingPlanner:
                 status["progress"] = Progress.model_validate(progress).to_json()
         failed = [o for o in outcomes if o.state == "Failed"]
         if failed:
-            self._fail(stage, failed[0].reason, failed[0].message)
+            message = failed[0].message
+            if failed[0].reason == DEADLINE_EXCEEDED and (stuck := self._stuck_before(stage)):
+                message += f"; it was stuck: {stuck}"
+            self._fail(stage, failed[0].reason, message)
             return False
         if any(o.state == "Running" for o in outcomes):
+            self._look_for_stuck_pods(stage, [j["metadata"]["name"] for j in desired])
             return False
         missing = [o for o in outcomes if o.result is None]
         if missing:
@@ -611,11 +572,52 @@ class TrainingPlanner:
             self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
         return self.records[stage]["state"] == "Succeeded"
 
+    def _look_for_stuck_pods(self, stage: str, jobs: list[str]) -> None:
+        """Why a running stage's Jobs make no progress: a pod the scheduler or the kubelet holds
+        back, or pods the Job controller cannot create."""
+        for name in jobs:
+            job = self.observed.jobs.get(name)
+            if job is None:
+                continue
+            pods = self.observed.pods_of(name)
+            problem = first_pod_problem(pods)
+            if problem is None and lacks_pods(job, pods):
+                problem = job_creation_problem(job, self.observed.job_events)
+                if problem is None and job_age_s(job, self.observed.now) < POD_CREATION_WATCH_S:
+                    self._requeue(POD_CREATION_GRACE_S)
+            if problem:
+                self.problems[stage] = problem
+                return
+
+    def _stuck_before(self, stage: str) -> str | None:
+        """The problem the stage's condition reported before this reconcile, if it was stuck."""
+        old = get_condition((self.body.get("status") or {}).get("conditions") or [], STAGE_CONDITIONS[stage])
+        normal = set(STAGE_REASONS.values()) | set(WAITING_REASONS.values())
+        return old["message"] if old and old.get("reason") not in normal else None
+
+    def _requeue(self, seconds: float) -> None:
+        self.plan.requeue_after = min(self.plan.requeue_after or seconds, seconds)
+
+    def _refusal(self, component: str) -> Problem | None:
+        """A refused write of a child of this component (a stage, a server); children of no stage or
+        server (the workspace PVC) hold up the current stage."""
+        known = set(STAGE_CONDITIONS) | set(SERVERS)
+        for refusal in self.observed.refused:
+            if refusal.component == component or (
+                component == self.current and refusal.component not in known
+            ):
+                return refusal.problem()
+        return None
+
+    def _server_problem(self, server: str) -> Problem | None:
+        deployment = self.observed.deployments.get(server_name(self.dt, server))
+        return first_pod_problem(self.observed.server_pods(server)) or deployment_problem(deployment)
+
     def build(self) -> Plan:
         dt = self.dt
         old_status = self.body.get("status") or {}
         status = copy.deepcopy(old_status)
-        stages = pipeline(dt)
+        stages = stage_plan.stages(dt)
         previous = {s["name"]: s for s in status.get("stages") or []}
         self.records = {
             name: previous.get(name)
@@ -623,6 +625,8 @@ class TrainingPlanner:
             for name in stages
         }
         self.failure: tuple[str, str] | None = None
+        self.problems: dict[str, Problem] = {}  # running stage -> why it makes no progress
+        self.current: str | None = None
         self._retry_if_spec_changed(status)
         status.setdefault("startTime", self.now)
         status["workspaceClaim"] = workspace_claim(dt)
@@ -635,7 +639,7 @@ class TrainingPlanner:
             record = self.records[stage]
             if record["state"] == "Succeeded":
                 continue
-            current = stage
+            current = self.current = stage
             if record["state"] == "Failed":
                 self.failure = self.failure or _recorded_failure(status, stage, record)
                 break
@@ -670,6 +674,8 @@ class TrainingPlanner:
         if phase == "Succeeded" and old_status.get("phase") != "Succeeded":
             self._event("Normal", "TrainingSucceeded", f"draft exported to {status['export']['uri']}")
         self._conditions(status, phase, current, waiting_for, needed)
+        if self.observed.refused:
+            self._requeue(REFUSAL_RETRY_S)
         self.plan.status = status
         return self.plan
 
@@ -697,10 +703,19 @@ class TrainingPlanner:
         def put(type_: str, ok: bool, reason: str, message: str) -> None:
             set_condition(conditions, type_, ok, reason, message, gen, now)
 
+        def put_problem(type_: str, problem: Problem) -> None:
+            """False with the problem's reason; a Warning Event when the reason is new."""
+            if (get_condition(conditions, type_) or {}).get("reason") != problem.reason:
+                self._event("Warning", problem.reason, problem.message)
+            put(type_, False, problem.reason, problem.message)
+
         servers = ["target"] + (["stream"] if self.dt.spec.hidden_states.mode == "streaming" else [])
         for server in servers:
             title, condition_type, _ = SERVERS[server]
-            if needed != server:
+            problem = self._refusal(server) or (self._server_problem(server) if waiting == server else None)
+            if problem:
+                put_problem(condition_type, problem)
+            elif needed != server:
                 put(condition_type, False, "ScaledDown", f"no remaining stage needs the {title}")
             elif waiting == server:
                 put(condition_type, False, "Starting", f"waiting for the {title} to become ready")
@@ -708,14 +723,12 @@ class TrainingPlanner:
                 put(condition_type, True, "Serving", f"the {title} is ready")
         for stage, record in self.records.items():
             state = record["state"]
-            reason = {
-                "Succeeded": "Completed",
-                "Running": "Running",
-                "Failed": "Failed",
-                "Pending": "Pending",
-            }[state]
+            if problem := self._refusal(stage) or self.problems.get(stage):
+                put_problem(STAGE_CONDITIONS[stage], problem)
+                continue
+            reason = STAGE_REASONS[state]
             if state == "Pending" and stage == current and waiting:
-                reason = "WaitingForTarget" if waiting == "target" else "WaitingForStreamServer"
+                reason = WAITING_REASONS[waiting]
             put(STAGE_CONDITIONS[stage], state == "Succeeded", reason, record.get("message") or state.lower())
         if self.failure:
             # Its observedGeneration is the generation that failed: a later spec edit retries.

@@ -1,0 +1,239 @@
+"""One DraftTraining, one stage plan: the stages in order, which checkpoints to evaluate, and each
+stage's `eagle3` command.
+
+The operator's Job builder (eagle3_operator.reconcile.training) and `eagle3 pipeline`
+(eagle3_runtime.pipeline.runner) both take their commands from here, so a manifest runs the
+same commands in pods and on one machine. Only where things live differs, and a `Locations`
+says it: in a pod, the workspace and the spec's claims are mounted volumes; locally they are
+folders. Pure: imports the API models and eagle3_runtime.layout only (no kopf, kubernetes,
+torch or vLLM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from eagle3_operator.api.draft_training import DraftTraining, PromptSource
+
+from eagle3_runtime.layout import Workspace
+
+
+class StageInputError(ValueError):
+    """A stage cannot be planned from what earlier stages reported."""
+
+
+class Locations(Protocol):
+    """Where a stage finds what the spec names."""
+
+    @property
+    def workspace(self) -> str:
+        """The workspace directory."""
+        ...
+
+    def model(self, ref: str, role: str) -> str:
+        """A model the spec names (`role`: target, init): a Hugging Face id as it is, a
+        `pvc://CLAIM/PATH` as the path it has here."""
+        ...
+
+    def dataset(self, claim: str, path: str) -> str:
+        """A file or directory a stage reads, `path` inside the PVC `claim`."""
+        ...
+
+    def output(self, claim: str, path: str) -> str:
+        """A directory a stage writes, `path` inside the PVC `claim` (not the workspace's)."""
+        ...
+
+
+def workspace_claim(dt: DraftTraining) -> str:
+    return dt.spec.storage.existing_claim or f"{dt.metadata['name']}-workspace"
+
+
+def stages(dt: DraftTraining) -> list[str]:
+    """The stages in the order they run."""
+    spec = dt.spec
+    order = ["generate"]
+    if spec.hidden_states.mode == "offline":
+        order.append("extract")
+    order += ["train", "evaluate", "select", "export"]
+    if spec.export.quantize != "none":
+        order.append("quantize")
+    return order
+
+
+def server_for(dt: DraftTraining, stage: str | None) -> str | None:
+    """The long-running server a stage talks to: the target vLLM for generation, the streaming
+    extraction server (`eagle3 extract --mode streaming`) for streaming training; None otherwise
+    (the other stages load the target themselves or need no model)."""
+    if stage == "generate":
+        return "target"
+    if stage == "train" and dt.spec.hidden_states.mode == "streaming":
+        return "stream"
+    return None
+
+
+def export_destination(dt: DraftTraining) -> tuple[str, str]:
+    """(claim, path inside the claim) of the final draft (after quantization, when asked)."""
+    export = dt.spec.export
+    if export.claim_name:
+        return export.claim_name, export.path or dt.metadata["name"]
+    return workspace_claim(dt), ("export" if export.quantize == "none" else f"export-{export.quantize}")
+
+
+def checkpoints_to_evaluate(dt: DraftTraining, train_metrics: Mapping[str, Any]) -> list[int]:
+    """The first checkpoint the trainer reported, every `evaluation.everyCheckpoints`-th after
+    it, and the last: the first shows how far the draft got early, the last is usually best."""
+    steps = sorted({int(s) for s in train_metrics.get("checkpoints") or []})
+    if not steps and train_metrics.get("step") is not None:
+        steps = [int(train_metrics["step"])]
+    if not steps:
+        raise StageInputError("the train stage reported no checkpoints")
+    every = dt.spec.evaluation.every_checkpoints
+    return sorted({s for i, s in enumerate(steps) if i % every == 0} | {steps[-1]})
+
+
+def _num(value: float) -> str:
+    return format(value, "g")
+
+
+def _layer_ids(dt: DraftTraining) -> str:
+    ids = dt.spec.hidden_states.layer_ids
+    return ",".join(str(i) for i in ids) if ids else "auto"
+
+
+def _source_arg(source: PromptSource, at: Locations, weight: float | None = None) -> str:
+    """A `--source` or `--prompts` value: PATH,mode=M[,weight=W][,prompt-field=F][,messages-field=F]."""
+    arg = f"{at.dataset(source.claim_name, source.path)},mode={source.mode}"
+    if weight is not None:
+        arg += f",weight={_num(weight)}"
+    if source.prompt_field:
+        arg += f",prompt-field={source.prompt_field}"
+    if source.messages_field:
+        arg += f",messages-field={source.messages_field}"
+    return arg
+
+
+def _final_dir(dt: DraftTraining, at: Locations) -> str:
+    claim, path = export_destination(dt)
+    return (
+        str(Workspace(at.workspace).root / path) if claim == workspace_claim(dt) else at.output(claim, path)
+    )
+
+
+def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
+    """`eagle3 generate` against the target server at `server`, which serves the model under the
+    name `target.model`."""
+    data = dt.spec.data
+    argv = ["generate", "--workspace", at.workspace, "--server", server, "--model", dt.spec.target.model]
+    for source in data.sources:
+        argv += ["--source", _source_arg(source, at, source.weight)]
+    return argv + [
+        "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
+        "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
+        "--concurrency", str(data.concurrency), "--seed", str(data.seed), "--on-bad-row", data.on_bad_row,
+    ]  # fmt: skip
+
+
+def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:
+    """`eagle3 extract --mode offline`: hidden states into the workspace (it starts its own server)."""
+    target = at.model(dt.spec.target.model, "target")
+    return ["extract", "--workspace", at.workspace, "--mode", "offline", "--target", target,
+            "--layer-ids", _layer_ids(dt)]  # fmt: skip
+
+
+def stream_server_argv(dt: DraftTraining, at: Locations, port: int, stream_port: int) -> list[str]:
+    """`eagle3 extract --mode streaming`: the extraction server a streaming trainer reads from."""
+    target = at.model(dt.spec.target.model, "target")
+    return ["extract", "--workspace", at.workspace, "--mode", "streaming", "--target", target,
+            "--layer-ids", _layer_ids(dt), "--port", str(port), "--stream-port", str(stream_port)]  # fmt: skip
+
+
+def _train_argv(dt: DraftTraining, at: Locations, stream_server: str | None) -> list[str]:
+    """`eagle3 train`; in streaming mode it reads the states from `stream_server`."""
+    spec, training = dt.spec, dt.spec.training
+    argv = ["train", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
+            "--hidden-states", spec.hidden_states.mode]  # fmt: skip
+    if spec.hidden_states.mode == "streaming":
+        argv += ["--server", stream_server]
+    argv += [
+        "--layer-ids", _layer_ids(dt), "--draft-vocab-size", str(spec.draft.vocab_size),
+        "--draft-layers", str(spec.draft.layers),
+        *training.length_args, "--learning-rate", _num(training.learning_rate),
+        "--batch-tokens", str(training.batch_tokens), "--seq-len", str(training.seq_len),
+        "--ttt-steps", str(training.ttt_steps), "--loss-decay", _num(training.loss_decay),
+        "--checkpoint-every", str(training.checkpoint_every), "--seed", str(training.seed),
+    ]  # fmt: skip
+    if spec.draft.initialization.source == "checkpoint":
+        argv += ["--init-checkpoint", at.model(spec.draft.initialization.path, "init")]
+    return argv
+
+
+def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
+    """`eagle3 evaluate` of the checkpoint at `step`.
+
+    `--baseline cached`: one no-speculation baseline per prompt set, shared by every
+    checkpoint; a second vLLM start per checkpoint would double the evaluators' time for a
+    number that does not pick the checkpoint (acceptance length does)."""
+    spec, evaluation = dt.spec, dt.spec.evaluation
+    argv = ["evaluate", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
+            "--checkpoint", Workspace(at.workspace).checkpoint_dir(step).name]  # fmt: skip
+    # Prompts borrowed from the first data source are read the way generation read them.
+    for source in evaluation.prompts or spec.data.sources[:1]:
+        argv += ["--prompts", _source_arg(source, at)]
+    argv += [
+        "--num-speculative-tokens", str(evaluation.num_speculative_tokens),
+        "--prompts-per-domain", str(evaluation.prompts_per_domain), "--max-tokens", str(evaluation.max_tokens),
+        "--concurrency", str(evaluation.concurrency), "--baseline", "cached",
+    ]  # fmt: skip
+    if spec.target.max_model_len:
+        argv += ["--max-model-len", str(spec.target.max_model_len)]
+    return argv
+
+
+def _select_argv(dt: DraftTraining, at: Locations) -> list[str]:
+    return ["select", "--workspace", at.workspace]
+
+
+def _export_argv(dt: DraftTraining, at: Locations) -> list[str]:
+    """`eagle3 export` of the selected checkpoint: to its destination, or into the workspace for
+    the quantize stage to read."""
+    spec = dt.spec
+    output = _final_dir(dt, at) if spec.export.quantize == "none" else str(Workspace(at.workspace).export_dir)
+    argv = ["export", "--workspace", at.workspace, "--checkpoint", "best", "--format", spec.export.format,
+            "--output", output]  # fmt: skip
+    if spec.export.format == "speculators" and not spec.target.model.startswith("pvc://"):
+        # The speculators format records its verifier, so `vllm serve DRAFT` finds the target.
+        argv += ["--target", spec.target.model]
+        argv += ["--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens)]
+    return argv
+
+
+def _quantize_argv(dt: DraftTraining, at: Locations) -> list[str]:
+    return ["quantize", "--input", str(Workspace(at.workspace).export_dir), "--output", _final_dir(dt, at),
+            "--scheme", dt.spec.export.quantize]  # fmt: skip
+
+
+def stage_argv(
+    dt: DraftTraining, stage: str, at: Locations, *, server: str | None = None, step: int | None = None
+) -> list[str]:
+    """The command of one stage after `eagle3`. `server`: the URL of the server the stage talks
+    to (`server_for`); `step`: the checkpoint an evaluation measures."""
+    if server_for(dt, stage) and not server:
+        raise StageInputError(f"{stage} needs the URL of the {server_for(dt, stage)} server")
+    if stage == "generate":
+        return _generate_argv(dt, at, server)
+    if stage == "train":
+        return _train_argv(dt, at, server)
+    if stage == "evaluate":
+        if step is None:
+            raise StageInputError("evaluate needs the checkpoint's step")
+        return _evaluate_argv(dt, at, step)
+    by_stage = {
+        "extract": _extract_argv,
+        "select": _select_argv,
+        "export": _export_argv,
+        "quantize": _quantize_argv,
+    }
+    if stage not in by_stage:
+        raise ValueError(f"unknown stage {stage}")
+    return by_stage[stage](dt, at)

@@ -1,0 +1,60 @@
+"""The reconcile work queue (client-go's semantics), without a cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from eagle3_operator.workqueue import WorkQueue
+
+
+def test_events_during_a_reconcile_fold_into_one_more_pass():
+    queue = WorkQueue()
+    queue.add("a")
+    assert queue.get() == "a"
+    for _ in range(10):  # a burst of events while a worker holds "a"
+        queue.add("a")
+    queue.add("b")
+    assert queue.get() == "b", "a key being worked on is not handed to a second worker"
+    queue.done("b")
+    queue.done("a")
+    assert queue.get() == "a", "the burst costs one more pass"
+    queue.done("a")
+    assert len(queue) == 0
+
+
+def test_delayed_keys_keep_their_earliest_time_and_wake_a_waiting_worker():
+    queue = WorkQueue()
+    queue.add_after("a", 30)
+    queue.add_after("a", 0.2)  # earlier: wins
+    queue.add_after("a", 60)  # later: ignored
+    got: list[tuple[str, float]] = []
+    start = time.monotonic()
+    worker = threading.Thread(target=lambda: got.append((queue.get(), time.monotonic() - start)))
+    worker.start()
+    worker.join(5)
+    assert got and got[0][0] == "a" and 0.15 <= got[0][1] < 2, got
+    queue.done("a")
+    assert len(queue) == 0, "the superseded times are not handed out again"
+    queue.add_after("b", 60)
+    queue.add("b")  # an event now overrides a scheduled pass
+    assert queue.get() == "b"
+
+
+def test_failures_back_off_exponentially_per_key_until_forgotten():
+    queue = WorkQueue(base_delay=1.0, max_delay=5.0)
+    delays = [queue.add_rate_limited("a") for _ in range(5)]
+    assert [round(d) for d in delays[:3]] == [1, 2, 4] and 5.0 <= delays[4] <= 5.5, delays
+    assert 1.0 <= queue.add_rate_limited("b") <= 1.1, "another key has its own backoff"
+    queue.forget("a")
+    assert 1.0 <= queue.add_rate_limited("a") <= 1.1
+
+
+def test_shut_down_releases_waiting_workers():
+    queue = WorkQueue()
+    got = []
+    worker = threading.Thread(target=lambda: got.append(queue.get()))
+    worker.start()
+    queue.shut_down()
+    worker.join(5)
+    assert got == [None] and queue.closed

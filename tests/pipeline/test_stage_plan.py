@@ -1,0 +1,99 @@
+"""stage_plan: the one translation of a DraftTraining into stages and commands (operator and
+`eagle3 pipeline` alike). That both sides run the same commands is tested with the operator's
+Jobs in tests/operator/test_pod_commands_unit.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from eagle3_operator.api.draft_training import DraftTraining
+
+from eagle3_runtime import stage_plan
+from tests.support.cluster import REPO_ROOT
+
+TINY_CPU = REPO_ROOT / "examples" / "drafttraining-tiny-cpu.yaml"
+
+
+def _training(**spec) -> DraftTraining:
+    body = yaml.safe_load(TINY_CPU.read_text())
+    body["spec"] |= spec
+    return DraftTraining.model_validate(body)
+
+
+def test_tiny_cpu_evaluates_its_first_and_last_checkpoint():
+    """The operator evaluated {150, 180} of the tiny-cpu training, the local pipeline {30, 180}
+    (issue 13): one rule now, the first, every Nth after it, and the last."""
+    training = _training()
+    checkpoints = [str(step) for step in range(30, 181, 30)]
+    assert stage_plan.checkpoints_to_evaluate(training, {"checkpoints": checkpoints}) == [30, 180]
+
+
+@pytest.mark.parametrize(
+    ("checkpoints", "every", "chosen"),
+    [
+        ([5, 10, 15, 20], 2, [5, 15, 20]),
+        ([5, 10, 15], 1, [5, 10, 15]),
+        ([7], 3, [7]),
+        ([20, 10], 5, [10, 20]),
+    ],
+)
+def test_checkpoints_to_evaluate_takes_the_first_every_nth_after_it_and_the_last(checkpoints, every, chosen):
+    training = _training(evaluation={"everyCheckpoints": every})
+    metrics = {"checkpoints": [str(s) for s in checkpoints], "step": checkpoints[-1]}
+    assert stage_plan.checkpoints_to_evaluate(training, metrics) == chosen
+
+
+def test_a_training_without_checkpoints_cannot_be_evaluated():
+    assert stage_plan.checkpoints_to_evaluate(_training(), {"step": 40}) == [40]  # older trainers
+    with pytest.raises(stage_plan.StageInputError, match="reported no checkpoints"):
+        stage_plan.checkpoints_to_evaluate(_training(), {})
+
+
+@pytest.mark.parametrize(
+    ("mode", "quantize", "stages"),
+    [
+        ("offline", "none", ["generate", "extract", "train", "evaluate", "select", "export"]),
+        ("online", "none", ["generate", "train", "evaluate", "select", "export"]),
+        ("streaming", "fp8", ["generate", "train", "evaluate", "select", "export", "quantize"]),
+    ],
+)
+def test_stage_order(mode, quantize, stages):
+    training = _training(hiddenStates={"mode": mode}, export={"quantize": quantize})
+    assert stage_plan.stages(training) == stages
+    servers = {stage: stage_plan.server_for(training, stage) for stage in stages}
+    assert servers["generate"] == "target"
+    assert servers["train"] == ("stream" if mode == "streaming" else None)
+
+
+def test_a_stage_that_talks_to_a_server_needs_its_url():
+    training = _training(hiddenStates={"mode": "streaming"})
+    with pytest.raises(stage_plan.StageInputError, match="train needs the URL of the stream server"):
+        stage_plan.stage_argv(training, "train", _Anywhere())
+    with pytest.raises(stage_plan.StageInputError, match="evaluate needs the checkpoint's step"):
+        stage_plan.stage_argv(training, "evaluate", _Anywhere())
+
+
+class _Anywhere:
+    """Locations where everything is under /x (enough for the checks that need none)."""
+
+    workspace = "/x/workspace"
+
+    def model(self, ref: str, role: str) -> str:
+        return f"/x/{role}"
+
+    def dataset(self, claim: str, path: str) -> str:
+        return f"/x/{claim}/{path}"
+
+    def output(self, claim: str, path: str) -> str:
+        return f"/x/{claim}/{path}"
+
+
+def test_stage_plan_imports_no_cluster_client_and_no_ml_stack():
+    """A later issue moves it to a package both images share: it must stay pure."""
+    heavy = ("kopf", "kubernetes", "torch", "vllm", "transformers")
+    code = f"import sys, eagle3_runtime.stage_plan; print([m for m in {heavy!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
