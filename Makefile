@@ -12,15 +12,15 @@ help: ## list targets
 env: ## create the cached Python environment (torch, vLLM CPU build, kopf, ...)
 	@hack/python-env.sh >/dev/null
 
-testbed: ## build the control-plane, etcd, kwok and helm binaries (cached)
-	@hack/build-testbed.sh >/dev/null
+testbed: ## build the test bed's binaries: control plane, etcd, kwok, helm and the real node's (cached)
+	@hack/build-testbed.sh >/dev/null && hack/build-node.sh >/dev/null
 
 test: ## install what is missing (env, test bed, tiny target), then run the whole test suite
 	@hack/system-deps.sh
-	@bin=$$(hack/build-testbed.sh) && venv=$$(hack/python-env.sh) && \
+	@bin=$$(hack/build-testbed.sh) && node=$$(hack/build-node.sh) && venv=$$(hack/python-env.sh) && \
 	  EAGLE3_MONITORING_CRDS=$$(hack/build-monitoring-crds.sh) && export EAGLE3_MONITORING_CRDS && \
 	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
-	  EAGLE3_TESTBED_BIN=$$bin PATH=$$venv/bin:$$bin:$$PATH \
+	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 test-gpu: ## the GPU tests (tests/gpu), in the current python3 with a CUDA PyTorch, on a GPU machine
@@ -32,9 +32,11 @@ lint: ## ruff check
 crds: ## regenerate crds/ and the chart's CRDs from the API models
 	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_operator.api.crdgen
 
-cluster: ## start the local control plane with fake AMD GPU nodes; Ctrl-C stops it
-	@bin=$$(hack/build-testbed.sh) && venv=$$(hack/python-env.sh) && \
-	  EAGLE3_TESTBED_BIN=$$bin PATH=$$venv/bin:$$bin:$$PATH $$venv/bin/python -m tests.support.cluster
+cluster: ## start the local control plane with fake AMD GPU nodes and a real node; Ctrl-C stops it
+	@hack/system-deps.sh
+	@bin=$$(hack/build-testbed.sh) && node=$$(hack/build-node.sh) && venv=$$(hack/python-env.sh) && \
+	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
+	  $$venv/bin/python -m tests.support.cluster --real-node
 
 demo: ## run the whole DraftTraining pipeline locally (tiny CPU preset)
 	@venv=$$(hack/python-env.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/eagle3 pipeline --preset tiny-cpu --workspace out/demo

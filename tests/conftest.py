@@ -1,7 +1,8 @@
-"""Shared fixtures: one local control plane per test session, a fresh namespace per test.
+"""Shared fixtures: one local test bed per test session, a fresh namespace per test.
 
-The control plane starts only when a test first asks for `cluster` (tests/support/cluster.py).
-Its component logs stay in the reported directory when a test failed; otherwise it is removed.
+The test bed (control plane, kwok's fake nodes and one real node: tests/support/cluster.py,
+tests/support/realnode.py) starts only when a test first asks for `cluster`. Its component logs
+stay in the reported directory when a test failed; otherwise it is removed.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from tests.support.cluster import LocalCluster
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """The session's control plane with fake AMD GPU nodes (binaries built on first use, cached)."""
-    local = LocalCluster()
+    """The session's test bed: control plane, fake AMD GPU nodes and the real node (binaries built
+    on first use, cached)."""
+    local = LocalCluster(real_node=True)
     local.start()
     try:
         yield local
@@ -41,5 +43,14 @@ def manual_namespace(cluster: LocalCluster) -> Iterator[str]:
     """A fresh namespace whose Job pods stay Running until the test calls complete_pod / fail_pod."""
     cluster.check_running("setting up a test")
     name = cluster.create_namespace(manual=True)
+    yield name
+    cluster.delete_namespace(name)
+
+
+@pytest.fixture
+def real_node_namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A fresh namespace for pods that run on the real node (give them realnode.on_real_node(spec))."""
+    cluster.check_running("setting up a test")
+    name = cluster.create_namespace()
     yield name
     cluster.delete_namespace(name)

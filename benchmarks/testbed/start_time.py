@@ -1,10 +1,11 @@
 """Measure how long the local test bed takes to start (and stop), over several starts.
 
-    python -m benchmarks.testbed.start_time --runs 5
+    python -m benchmarks.testbed.start_time --runs 5 [--real-node]
 
 "Start" is LocalCluster.start(): certificates, etcd, kube-apiserver /readyz, controller-manager and
 scheduler healthy, every fake node Ready and untainted, the default ServiceAccount present, i.e.
-the moment the `cluster` fixture hands the control plane to a test. Prints one line per run, the
+the moment a plain LocalCluster hands the control plane to a test; with --real-node (what the
+`cluster` fixture starts) also the real node Ready with its GPUs and CoreDNS Ready. Prints one line per run, the
 median of each readiness step, and a JSON summary on the last line.
 """
 
@@ -21,12 +22,13 @@ from tests.support.cluster import LocalCluster, find_bin_dir
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--real-node", action="store_true")
     args = parser.parse_args()
     bin_dir = find_bin_dir()
 
     starts, stops, steps = [], [], []
     for run in range(1, args.runs + 1):
-        cluster = LocalCluster(bin_dir=bin_dir)
+        cluster = LocalCluster(bin_dir=bin_dir, real_node=args.real_node)
         began = time.monotonic()
         cluster.start()
         starts.append(time.monotonic() - began)
@@ -41,6 +43,7 @@ def main() -> None:
         print(f"  {step:<40} {statistics.median(s[step] for s in steps):6.2f}")
     summary = {
         "runs": args.runs,
+        "real_node": args.real_node,
         "start_median_s": round(statistics.median(starts), 2),
         "start_min_s": round(min(starts), 2),
         "start_max_s": round(max(starts), 2),

@@ -1,18 +1,24 @@
-"""A real Kubernetes control plane on loopback, with fake AMD GPU nodes, for tests and `make cluster`.
+"""A real Kubernetes control plane on this machine, with fake AMD GPU nodes and optionally one real
+node, for tests and `make cluster`.
 
 What runs (binaries built from pinned Go modules by hack/build-testbed.sh):
   etcd, kube-apiserver (own CA, TLS client certificates, RBAC + Node authorization, service-account
   token signing, default admission plugins), kube-controller-manager (the workload controllers in
   CONTROLLERS, each with its own service account), kube-scheduler, and kwok, which stands in for the
   kubelets of the fake nodes (tests/support/testbed_kwok.py: the nodes and the pod lifecycle).
-Every component listens on 127.0.0.1 ports picked at start; each runs in its own process group and
-logs to <workdir>/logs/<component>.log; a start failure names the log to read.
+With real_node=True also a real worker node (tests/support/realnode.py: kubelet, containerd,
+kube-proxy, CoreDNS, a stand-in GPU device plugin; binaries from hack/build-node.sh) in
+namespaces of its own. The API server then binds the host end of the node's link
+(a local address, not loopback) so pods reach it through the `kubernetes` Service.
+Every other component listens on 127.0.0.1 ports picked at start; each runs in its own process
+group and logs to <workdir>/logs/<component>.log; a start failure names the log to read.
 
 API (stable; other test suites build on it):
 
     with LocalCluster() as cluster:          # or the session-scoped `cluster` fixture (tests/conftest.py)
         cluster.kubeconfig                   # Path of the admin kubeconfig (system:masters)
-        cluster.server                       # "https://127.0.0.1:<port>"
+        cluster.server                       # "https://127.0.0.1:<port>" (the node link's host address
+                                             #   with real_node=True)
         cluster.ca_file                      # Path of the CA that signed the API server's certificate
         cluster.bin_dir                      # Path with kubectl, helm, kube-apiserver, ...
         cluster.env()                        # os.environ + KUBECONFIG + bin_dir first on PATH
@@ -27,6 +33,7 @@ API (stable; other test suites build on it):
         cluster.fail_pod(namespace, pod, message="...", exit_code=1)    # -> Failed
         cluster.gpu_nodes, cluster.cpu_nodes # node names
         testbed_kwok.STORAGE_CLASS           # "fake-local": claims of this class get a volume
+        cluster.real_node                    # realnode.RealNode with real_node=True, else None
         cluster.log_dir                      # component logs
         cluster.check_running()              # ClusterError (with log tail) if a component died
         cluster.pids, cluster.ports          # component process ids, loopback ports
@@ -38,7 +45,7 @@ complete_pod / fail_pod write what a kubelet would: phase, Ready=False and a ter
 pods no Job owns, and Job pods that are *manual* (namespace from create_namespace(manual=True), or
 label testbed_kwok.MANUAL_LABEL=true). Other Job pods kwok ends with Succeeded after about 1 s.
 
-Run `python -m tests.support.cluster` (what `make cluster` does) to keep one up until Ctrl-C.
+Run `python -m tests.support.cluster --real-node` (what `make cluster` does) to keep one up until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -67,7 +75,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tests.support import testbed_kwok, testbed_pki
+from tests.support import realnode, testbed_kwok, testbed_pki
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-testbed.sh"
@@ -87,6 +95,9 @@ CONTROLLERS = (
     "daemonset-controller",
     "deployment-controller",
     "disruption-controller",
+    # Endpoints (besides EndpointSlices): the API server's service proxy and Prometheus's
+    # `role: endpoints` discovery read them.
+    "endpoints-controller",
     "endpointslice-controller",
     "garbage-collector-controller",
     "job-controller",
@@ -145,19 +156,21 @@ def wait_until(
         time.sleep(interval)
 
 
-def find_bin_dir() -> Path:
-    """The directory with the test-bed binaries: $EAGLE3_TESTBED_BIN, else built (cached) by the script."""
-    configured = os.environ.get("EAGLE3_TESTBED_BIN")
+def find_bin_dir(
+    env_var: str = "EAGLE3_TESTBED_BIN", script: Path = BUILD_SCRIPT, binaries: tuple[str, ...] = BINARIES
+) -> Path:
+    """The directory with built binaries: $env_var, else built (cached) by the script, which prints it."""
+    configured = os.environ.get(env_var)
     if configured:
         bin_dir = Path(configured)
     else:
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
+        result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
         if result.returncode != 0:
-            raise ClusterError(f"{BUILD_SCRIPT} failed with exit code {result.returncode} (its log is above)")
+            raise ClusterError(f"{script} failed with exit code {result.returncode} (its log is above)")
         bin_dir = Path(result.stdout.strip().splitlines()[-1])
-    missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    missing = [name for name in binaries if not os.access(bin_dir / name, os.X_OK)]
     if missing:
-        raise ClusterError(f"test-bed binaries {missing} missing in {bin_dir}; run {BUILD_SCRIPT}")
+        raise ClusterError(f"binaries {missing} missing in {bin_dir}; run {script}")
     return bin_dir
 
 
@@ -168,15 +181,15 @@ def _free_port() -> int:
 
 
 def _open(request: str | urllib.request.Request, context: ssl.SSLContext | None, timeout: float):
-    """urlopen that never goes through an HTTP(S)_PROXY from the environment: all is on loopback."""
+    """urlopen that never goes through an HTTP(S)_PROXY from the environment: all is on this machine."""
     handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if context is not None:
         handlers.append(urllib.request.HTTPSHandler(context=context))
     return urllib.request.build_opener(*handlers).open(request, timeout=timeout)
 
 
-def _with_loopback(no_proxy: str | None) -> str:
-    return ",".join(entry for entry in (no_proxy, "127.0.0.1", "localhost") if entry)
+def _with_local(no_proxy: str | None, *hosts: str) -> str:
+    return ",".join(entry for entry in (no_proxy, "127.0.0.1", "localhost", *hosts) if entry)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -210,8 +223,15 @@ class LocalCluster:
         cpu_nodes: int = 2,
         bin_dir: Path | None = None,
         workdir: Path | None = None,
+        real_node: bool = False,
     ) -> None:
         self.bin_dir = bin_dir or find_bin_dir()
+        # Checked (root, binaries) before anything starts; started in start().
+        self.real_node = (
+            realnode.RealNode(find_bin_dir(realnode.BIN_ENV, realnode.BUILD_SCRIPT, realnode.BINARIES))
+            if real_node
+            else None
+        )
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="eagle3-testbed-"))
         self.log_dir = self.workdir / "logs"
         self.gpu_nodes = [f"gpu-node-{i}" for i in range(gpu_nodes)]
@@ -249,7 +269,7 @@ class LocalCluster:
                 # A port picked free can be taken by another process before the component binds it.
                 if "address already in use" not in str(error) or attempt == PORT_ATTEMPTS:
                     raise
-                for leftover in ("pki", "etcd", "logs"):
+                for leftover in ("pki", "etcd", "logs", "node"):
                     shutil.rmtree(self.workdir / leftover, ignore_errors=True)
                 atexit.register(self.stop)
             except BaseException:
@@ -257,17 +277,23 @@ class LocalCluster:
                 raise
 
     def stop(self, *, remove_workdir: bool = True) -> None:
-        """Stop every component, clients before the API server before etcd; idempotent.
+        """Stop every component: clients, the API server, the real node, etcd; idempotent.
 
         Each tier gets SIGTERM and STOP_GRACE_S to exit, then SIGKILL (to its whole process group).
         """
         atexit.unregister(self.stop)
         components, self._components = self._components, []
+        # The real node after the API server: the server's connections to the node and its pods
+        # then close while the node still answers.
+        node = realnode.COMPONENTS if self.real_node is not None else ()
         tiers = [
-            [c for c in components if c.name not in ("kube-apiserver", "etcd")],
+            [c for c in components if c.name not in ("kube-apiserver", "etcd", *node)],
             [c for c in components if c.name == "kube-apiserver"],
+            [c for c in components if c.name in node],
             [c for c in components if c.name == "etcd"],
         ]
+        if self.real_node is not None:
+            self.real_node.stop_provisioner()  # it calls the API server
         for tier in tiers:
             for component in tier:
                 self._signal(component, signal.SIGTERM)
@@ -280,6 +306,9 @@ class LocalCluster:
                     component.process.wait()
                 # The group may hold children of the component; none may outlive it.
                 self._signal(component, signal.SIGKILL)
+        if self.real_node is not None:
+            # The node's processes are gone with its namespace holder; what is left is cgroups.
+            self.real_node.cleanup()
         if remove_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -298,7 +327,12 @@ class LocalCluster:
         pki_dir = self.workdir / "pki"
         pki_dir.mkdir()
         ca = testbed_pki.CertificateAuthority(pki_dir)
-        serving = ca.issue("apiserver", "kube-apiserver", server=True)
+        api_host = "127.0.0.1"
+        if self.real_node is not None:
+            self.real_node.prepare(self.workdir / "node", self._spawn)
+            api_host = self.real_node.api_host
+        serving_hosts = tuple(dict.fromkeys((*testbed_pki.API_SERVER_HOSTS, api_host)))
+        serving = ca.issue("apiserver", "kube-apiserver", server_hosts=serving_hosts)
         sa_keys = testbed_pki.write_service_account_keys(pki_dir)
         front_proxy_ca = testbed_pki.CertificateAuthority(pki_dir, "front-proxy-ca", "front-proxy-ca")
         front_proxy = front_proxy_ca.issue("front-proxy-client", FRONT_PROXY_CLIENT)
@@ -313,24 +347,18 @@ class LocalCluster:
             name: _free_port()
             for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
         }
-        self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
-        kubeconfigs = {
-            name: testbed_pki.write_kubeconfig(
-                self.workdir / f"{name}.kubeconfig",
-                server=self.server,
-                ca=ca.pair.cert,
-                client=pair,
-                user=name,
-            )
-            for name, pair in clients.items()
-        }
+        self.server = f"https://{api_host}:{self.ports['apiserver']}"
+        kubeconfigs = testbed_pki.write_kubeconfigs(
+            self.workdir, server=self.server, ca=ca.pair.cert, clients=clients
+        )
         self.kubeconfig = kubeconfigs["admin"]
         self._admin_ssl = ssl.create_default_context(cafile=str(ca.pair.cert))
         self._admin_ssl.load_cert_chain(str(clients["admin"].cert), str(clients["admin"].key))
 
         self._start_etcd()
         self._wait(deadline, "etcd to report healthy", self._etcd_healthy)
-        self._start_apiserver(ca.pair, serving, sa_keys, front_proxy_ca.pair, front_proxy)
+        kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver", organization="system:masters")
+        self._start_apiserver(ca.pair, serving, sa_keys, front_proxy_ca.pair, front_proxy, kubelet_client)
         self._wait(deadline, "kube-apiserver /readyz", lambda: self._get_ok(f"{self.server}/readyz"))
         self._start_controller_manager(kubeconfigs["controller-manager"], ca.pair, sa_keys)
         self._start_scheduler(kubeconfigs["scheduler"])
@@ -342,8 +370,12 @@ class LocalCluster:
             self._wait(deadline, f"kube-{name} /healthz", lambda url=url: self._get_ok(url, insecure))
         self._wait(deadline, "all fake nodes Ready and schedulable", self._nodes_schedulable)
         self._wait(deadline, "the default ServiceAccount", lambda: self._default_service_account("default"))
+        if self.real_node is not None:
+            node = self.real_node
+            node.start(self, self._spawn, lambda what, ready: self._wait(deadline, what, ready), ca)
+            self._wait(deadline, "the real node Ready with its GPUs, CoreDNS Ready", lambda: node.ready(self))
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -357,6 +389,7 @@ class LocalCluster:
                 preexec_fn=_die_with_parent,
             )
         self._components.append(_Component(name, process, log))
+        return process
 
     def check_running(self, doing: str = "running") -> None:
         """Raise ClusterError naming the first component that has exited, with its log's last lines."""
@@ -427,14 +460,23 @@ class LocalCluster:
         sa_keys: testbed_pki.KeyPair,
         front_proxy_ca: testbed_pki.KeyPair,
         front_proxy: testbed_pki.KeyPair,
+        kubelet_client: testbed_pki.KeyPair,
     ) -> None:
+        host = urllib.parse.urlsplit(self.server).hostname
+        if self.real_node is None:
+            # Endpoints may not hold loopback addresses, so the "kubernetes" Service gets none
+            # (no pod runs here to use it) instead of a failed reconcile every 10 s.
+            endpoints = ["--endpoint-reconciler-type=none"]
+        else:
+            # The real node's pods reach the API server at its address through the Service.
+            endpoints = ["--endpoint-reconciler-type=lease", "--shutdown-delay-duration=1s"]
         self._spawn(
             "kube-apiserver",
             [
                 self._binary("kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={self.ports['apiserver']}",
                 f"--cert-dir={self.workdir / 'apiserver'}",
                 f"--tls-cert-file={serving.cert}",
@@ -445,9 +487,13 @@ class LocalCluster:
                 f"--service-account-key-file={sa_keys.cert}",
                 f"--service-account-signing-key-file={sa_keys.key}",
                 "--service-cluster-ip-range=10.96.0.0/16",
-                # Endpoints may not hold loopback addresses, so the "kubernetes" Service gets none
-                # (no pod runs here to use it) instead of a failed reconcile every 10 s.
-                "--endpoint-reconciler-type=none",
+                *endpoints,
+                # Logs, exec and port-forward go to the kubelet with this identity; its serving
+                # certificate is checked against the cluster CA.
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                f"--kubelet-certificate-authority={ca.cert}",
+                "--kubelet-preferred-address-types=InternalIP",
                 # The request-header (front-proxy) CA that aggregated API servers and the
                 # controller-manager / scheduler read from extension-apiserver-authentication.
                 f"--requestheader-client-ca-file={front_proxy_ca.cert}",
@@ -553,7 +599,7 @@ class LocalCluster:
 
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (operator, helm, kubectl) that should talk to this cluster."""
-        no_proxy = _with_loopback(os.environ.get("NO_PROXY") or os.environ.get("no_proxy"))
+        no_proxy = _with_local(os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), self._api_host)
         return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
@@ -562,6 +608,10 @@ class LocalCluster:
             "NO_PROXY": no_proxy,
             "no_proxy": no_proxy,
         }
+
+    @property
+    def _api_host(self) -> str:
+        return urllib.parse.urlsplit(self.server).hostname or ""
 
     def request(self, method: str, path: str, body: dict | None = None, content_type: str = "") -> dict:
         """One admin call to the API server (no client library: fast to start, used while polling).
@@ -611,7 +661,7 @@ class LocalCluster:
             configuration.host = self.server
             configuration.ssl_ca_cert = str(self.ca_file)
             configuration.api_key = {"authorization": f"Bearer {token}"}
-        configuration.no_proxy = _with_loopback(configuration.no_proxy)
+        configuration.no_proxy = _with_local(configuration.no_proxy, self._api_host)
         return client.ApiClient(configuration)
 
     def apply(self, manifest: dict | list[dict] | str, namespace: str | None = None) -> str:
@@ -772,6 +822,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the local test bed until Ctrl-C.")
     parser.add_argument("--gpu-nodes", type=int, default=3)
     parser.add_argument("--cpu-nodes", type=int, default=2)
+    parser.add_argument(
+        "--real-node",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also start the real worker node (what `make cluster` does; needs root; hack/build-node.sh)",
+    )
     args = parser.parse_args()
 
     # SIGTERM (a supervisor) and SIGHUP (the terminal closed) stop the test bed like Ctrl-C does.
@@ -783,10 +839,13 @@ def main() -> None:
     started = time.monotonic()
     print("starting the test bed ...", flush=True)
     try:
-        with LocalCluster(gpu_nodes=args.gpu_nodes, cpu_nodes=args.cpu_nodes) as cluster:
+        with LocalCluster(
+            gpu_nodes=args.gpu_nodes, cpu_nodes=args.cpu_nodes, real_node=args.real_node
+        ) as cluster:
+            real_node = f"\n{cluster.real_node.describe()}" if cluster.real_node else ""
             print(
                 f"test bed up in {time.monotonic() - started:.1f} s: {len(cluster.gpu_nodes)} fake MI355X nodes "
-                f"(8 x amd.com/gpu each), {len(cluster.cpu_nodes)} CPU nodes\n"
+                f"(8 x amd.com/gpu each), {len(cluster.cpu_nodes)} CPU nodes{real_node}\n"
                 f"kubeconfig: {cluster.kubeconfig}\n"
                 f"API server: {cluster.server}\n"
                 f"component logs: {cluster.log_dir}\n\n"

@@ -1,7 +1,8 @@
 """Certificates and kubeconfigs for the local control plane (tests/support/cluster.py).
 
 One throw-away CA signs the API server's serving certificate and one client certificate per
-identity (admin, controller-manager, scheduler, kwok); a second one, the front-proxy CA, signs the
+identity (admin, controller-manager, scheduler, kwok; with the real node also its kubelet's
+serving and client certificates, kube-proxy's, and the API server's kubelet client); a second one, the front-proxy CA, signs the
 certificate the API server presents to aggregated API servers (as kubeadm sets it up). ECDSA P-256 keys: generating them takes
 milliseconds, where RSA-2048 takes a noticeable part of a test-bed start.
 """
@@ -20,15 +21,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-# The in-cluster name and first service IP of the API server (--service-cluster-ip-range 10.96.0.0/16).
-API_SERVER_DNS_NAMES = (
+# The in-cluster names and first service IP of the API server (--service-cluster-ip-range
+# 10.96.0.0/16), and loopback; with the real node also the address it serves pods at.
+API_SERVER_HOSTS = (
     "localhost",
     "kubernetes",
     "kubernetes.default",
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
+    "127.0.0.1",
+    "10.96.0.1",
 )
-API_SERVER_IPS = ("127.0.0.1", "10.96.0.1")
 VALIDITY = dt.timedelta(days=2)
 
 
@@ -58,6 +61,13 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     if organization:
         attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
     return x509.Name(attributes)
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
 
 
 class CertificateAuthority:
@@ -103,12 +113,12 @@ class CertificateAuthority:
         common_name: str,
         *,
         organization: str | None = None,
-        server: bool = False,
+        server_hosts: tuple[str, ...] = (),
     ) -> KeyPair:
-        """Sign a client certificate (or, with server=True, the API server's serving certificate)."""
+        """Sign a client certificate, or with server_hosts (IPs and DNS names) a serving certificate."""
         key = _new_key()
         now = dt.datetime.now(dt.UTC)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(common_name, organization))
@@ -120,9 +130,8 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
-        if server:
-            names: list[x509.GeneralName] = [x509.DNSName(n) for n in API_SERVER_DNS_NAMES]
-            names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in API_SERVER_IPS]
+        if server_hosts:
+            names = [_general_name(host) for host in server_hosts]
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
         pair = KeyPair(self.directory / f"{stem}.crt", self.directory / f"{stem}.key")
@@ -168,3 +177,13 @@ def write_kubeconfig(path: Path, *, server: str, ca: Path, client: KeyPair, user
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def write_kubeconfigs(
+    directory: Path, *, server: str, ca: Path, clients: dict[str, KeyPair]
+) -> dict[str, Path]:
+    """<directory>/<name>.kubeconfig for each named client."""
+    return {
+        name: write_kubeconfig(directory / f"{name}.kubeconfig", server=server, ca=ca, client=pair, user=name)
+        for name, pair in clients.items()
+    }

@@ -395,4 +395,5 @@ def test_every_fake_node_heartbeats_through_a_renewed_lease(cluster):
 
     assert renewed
     for node in cluster.request("GET", "/api/v1/nodes")["items"]:
-        assert not node["spec"].get("taints"), node["metadata"]["name"]
+        if node["metadata"]["name"] in nodes:  # the real node carries its own taint (test_real_node.py)
+            assert not node["spec"].get("taints"), node["metadata"]["name"]
