@@ -11,6 +11,7 @@ torch or vLLM).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -126,12 +127,18 @@ def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
     data = dt.spec.data
     argv = ["generate", "--workspace", at.workspace, "--server", server, "--model", dt.spec.target.model]
     for source in data.sources:
-        argv += ["--source", _source_arg(source, at, source.weight)]
-    return argv + [
+        tools = f",tools-field={source.tools_field}" if source.tools_field else ""
+        argv += ["--source", _source_arg(source, at, source.weight) + tools]
+    argv += [
         "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
         "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
         "--concurrency", str(data.concurrency), "--seed", str(data.seed), "--on-bad-row", data.on_bad_row,
+        "--regenerate-turns", data.regenerate_turns,
+        "--max-length", str(data.max_length), "--long-samples", data.long_samples,
     ]  # fmt: skip
+    if data.chat_template_kwargs is not None:
+        argv += ["--chat-template-kwargs", json.dumps(data.chat_template_kwargs, sort_keys=True)]
+    return argv
 
 
 def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:

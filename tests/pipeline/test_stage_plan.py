@@ -97,3 +97,36 @@ def test_stage_plan_imports_no_cluster_client_and_no_ml_stack():
     code = f"import sys, eagle3_runtime.stage_plan; print([m for m in {heavy!r} if m in sys.modules])"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_data_generation_settings_reach_eagle3_generate():
+    """The CRD's data-generation settings (multi-turn, template arguments, tools, long samples) are
+    what `eagle3 generate`'s own parser reads from the planned command."""
+    import argparse
+
+    from eagle3_runtime.stages import generate
+
+    body = yaml.safe_load(TINY_CPU.read_text())
+    body["spec"]["data"] |= {
+        "regenerateTurns": "last",
+        "chatTemplateKwargs": {"enable_thinking": True, "reasoning_effort": "low"},
+        "maxLength": 4096,
+        "longSamples": "skip",
+    }
+    body["spec"]["data"]["sources"][0]["toolsField"] = "functions"
+    training = DraftTraining.model_validate(body)
+    argv = stage_plan.stage_argv(training, "generate", _Anywhere(), server="http://target:8000")
+
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    assert args.regenerate_turns == "last"
+    assert args.chat_template_kwargs == {"enable_thinking": True, "reasoning_effort": "low"}
+    assert (args.max_length, args.long_samples) == (4096, "skip")
+    assert [s.tools_field for s in args.source] == ["functions"] + ["tools"] * (len(args.source) - 1)
+
+    defaults = parser.parse_args(
+        stage_plan.stage_argv(_training(), "generate", _Anywhere(), server="http://t")[1:]
+    )
+    assert (defaults.regenerate_turns, defaults.chat_template_kwargs) == ("all", None)
+    assert (defaults.max_length, defaults.long_samples) == (2047, "truncate")

@@ -74,6 +74,11 @@ class DataSource(PromptSource):
     """A dataset directory or JSONL file on a PVC, whose prompts the target answers."""
 
     weight: Annotated[float, Field(gt=0, le=1000)] = Field(1.0, description="Relative share of the samples.")
+    tools_field: Annotated[str, Field(max_length=128)] | None = Field(
+        None,
+        description="Field holding the conversation's tool definitions (chat mode; default `tools`), sent "
+        "with every request of that conversation.",
+    )
 
 
 class DataSpec(ApiModel):
@@ -93,6 +98,24 @@ class DataSpec(ApiModel):
     )
     seed: Annotated[int, Field(ge=0)] = Field(0, description="Seed for sampling and shuffling.")
     on_bad_row: Literal["skip", "fail"] = Field("skip", description="What to do with a malformed source row.")
+    regenerate_turns: Literal["all", "last"] = Field(
+        "all",
+        description="Chat sources: regenerate every assistant turn in order, each conditioned on the turns "
+        "generated before it (all), or only the reply to the last user or tool message (last).",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description='Passed to the chat template with every chat request, e.g. {"enable_thinking": true}.',
+        json_schema_extra={**FREE_FORM_OBJECT, "maxProperties": 32},
+    )
+    max_length: Annotated[int, Field(ge=16, le=1_048_576)] = Field(
+        2047, description="Tokens per training sequence at most (prompt and generated turns)."
+    )
+    long_samples: Literal["truncate", "skip"] = Field(
+        "truncate",
+        description="A sample over maxLength is cut there (truncate) or left out (skip); either way it is "
+        "listed with its source row and counted.",
+    )
 
 
 class HiddenStatesSpec(ApiModel):
