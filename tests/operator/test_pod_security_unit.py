@@ -39,6 +39,7 @@ def test_every_container_drops_capabilities_and_privilege_escalation_and_gets_pu
         assert pod["imagePullSecrets"] == PULL, name
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         assert "hostIPC" not in pod and "hostNetwork" not in pod, name
+        assert pod["enableServiceLinks"] is False, name  # VLLM_PORT=tcp://... from a Service `vllm`
         # vLLM servers need no Kubernetes API; stage pods post progress with their token.
         assert pod.get("automountServiceAccountToken", True) is (name not in VLLM_PODS), name
     assert "imagePullSecrets" not in _pod_specs({}, {})["llama-select"]

@@ -149,7 +149,8 @@ def test_generate_job_runs_the_contract_command():
         "eagle3", "generate", "--workspace", "/workspace", "--server", "http://llama-target:8000",
         "--model", "meta-llama/Llama-3.1-8B-Instruct", "--source", "/sources/prompts/chat.jsonl,mode=chat,weight=1",
         "--num-samples", "100", "--max-tokens", "1024", "--temperature", "0.7", "--top-p", "0.95",
-        "--concurrency", "64", "--seed", "0", "--on-bad-row", "skip", "--result-file", "/dev/termination-log",
+        "--concurrency", "64", "--seed", "0", "--on-bad-row", "skip", "--regenerate-turns", "all",
+        "--max-length", "2047", "--long-samples", "truncate", "--result-file", "/dev/termination-log",
     ]  # fmt: skip
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     env = {e["name"]: e for e in container["env"]}

@@ -563,7 +563,9 @@ class LocalCluster:
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={key}={value}",
                 "--cidr=10.244.0.0/16",
-                "--node-ip=10.0.0.1",
+                # The kwok nodes' InternalIP, which the API server dials for logs/exec/port-forward:
+                # loopback, where nothing listens on the kubelet port, so no such call leaves the machine.
+                "--node-ip=127.0.0.1",
                 # Renew a Lease per node like a kubelet does (kwok's default is none), or the
                 # node-lifecycle controller marks the nodes unreachable after its grace period.
                 "--node-lease-duration-seconds=40",

@@ -164,6 +164,10 @@ def apply_pod_policy(
         # Clusters commonly taint GPU nodes with the resource name; GPU pods tolerate it.
         tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
     pod_spec["securityContext"] = pod_security_context(policy, gpus=gpus, runtime_user=runtime_user)
+    # Service links put `<SERVICE>_PORT=tcp://...` into every container: a Service named `vllm` (a
+    # SpecDecodeDeployment's own name) sets VLLM_PORT, which vLLM then refuses as a URI (seen on the
+    # test bed's real node). Nothing the pods run reads these variables; names resolve through DNS.
+    pod_spec["enableServiceLinks"] = False
     for container in pod_spec["containers"]:
         container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
     if policy.image_pull_secrets:
