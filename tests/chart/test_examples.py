@@ -85,19 +85,19 @@ def test_serving_examples_get_deployments_whose_pods_are_scheduled(cluster, name
             assert deployment["spec"]["template"]["spec"].get("nodeSelector") == (
                 example["spec"].get("scheduling") or {}
             ).get("nodeSelector")
-            body = wait_until(
-                lambda name=name: (
+            wait_until(
+                lambda name=name, example=example: (
                     condition(
                         b := cluster.request("GET", spec_decode_path(namespace, name)), "Available"
                     ).get("status")
                     == "True"
+                    and b["status"].get("readyReplicas") == example["spec"].get("replicas", 1)
                     and b
                 ),
                 timeout=90,
                 interval=0.5,
-                what=f"{path.name} Available (its pods scheduled and run by kwok)",
+                what=f"{path.name} Available with all its replicas (pods scheduled and run by kwok)",
             )
-            assert body["status"]["readyReplicas"] >= 1
             scheduling = example["spec"].get("scheduling") or {}
             for pod in _pods(cluster, namespace, f"eagle3.ai/spec-decode-deployment={name}"):
                 node = cluster.request("GET", f"/api/v1/nodes/{pod['spec']['nodeName']}")
