@@ -1,12 +1,13 @@
 """DraftTraining features beyond the offline pipeline, on the test bed: the operator (a real process)
 against the real API server, Job controller, EndpointSlice controller and scheduler (kwok pods), then
-the operator's own Jobs replayed on the real node where their pods can run cheaply.
+the operator's own Jobs, Deployments and Services replayed on the real node where their pods can run
+cheaply.
 
 Stage pods on kwok end with the harness's stage results (tests/operator/harness.py, result_for).
 Kueue is not installed: the real Job controller honours `suspend`, and the test unsuspends the
-operator's Jobs itself, as Kueue does when it admits them. On the real node the Jobs keep the
-operator's pod spec (env, volumes, security context, hostname and subdomain) and only their command
-is replaced by a tiny one (no training runs there).
+operator's Jobs itself, as Kueue does when it admits them. On the real node the objects keep the
+operator's pod spec (env, probes, volumes, security context, hostname and subdomain) and Service
+ports, and only the command is replaced by a tiny one (no vLLM, no training runs there).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def _long_flag(command: list[str], flag: str) -> str:
     return next(word.split("=", 1)[1] for word in command if word.startswith(f"{flag}="))
 
 
+def _port(service: dict[str, Any], name: str) -> int:
+    return next(p["port"] for p in service["spec"]["ports"] if p["name"] == name)
+
+
 def _endpoint_slices(cluster: LocalCluster, ns: str, service: str) -> list[dict[str, Any]]:
     return items(
         cluster,
@@ -68,7 +73,7 @@ def _endpoint_slices(cluster: LocalCluster, ns: str, service: str) -> list[dict[
 
 
 def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_draft(
-    crds, manual_namespace, start_operator
+    crds, manual_namespace, real_node_namespace, start_operator
 ):
     cluster, ns = crds, manual_namespace
     prepare_training_volumes(cluster, ns)
@@ -107,6 +112,10 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
     train = wait_until(lambda: jobs_of(cluster, ns, "llama").get("llama-train"), timeout=30, what="train Job")
     assert _flag(_command(train), "--server") == "http://llama-stream:8000"
     assert "llama-extract" not in jobs_of(cluster, ns, "llama"), "streaming has no extract stage"
+    service = cluster.request("GET", f"/api/v1/namespaces/{ns}/services/llama-stream")
+    _check_trainer_reaches_the_stream_server_on_the_real_node(
+        cluster, real_node_namespace, stream, service, train
+    )
     complete_stage(cluster, ns, "train", ["llama-train"])
     wait_stage_succeeded(cluster, ns, "llama", "train")
     wait_until(
@@ -259,11 +268,10 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     _check_quantize_writes_the_export_claim_on_the_real_node(cluster, real, quantize)
 
 
-def _real_node_job(job: dict[str, Any], command: list[str]) -> dict[str, Any]:
-    """The operator's Job as it created it, for the real node: its pod spec with the real node's
-    selector and toleration and `command`, unsuspended; fields the API server and Job controller
-    filled in are left out."""
-    template = copy.deepcopy(job["spec"]["template"])
+def _on_real_node(template: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    """An operator-built pod template for the real node: its pod spec with the real node's selector
+    and toleration and `command`; labels the Job controller added are left out."""
+    template = copy.deepcopy(template)
     labels = template["metadata"]["labels"]
     for key in [
         k for k in labels if k.startswith("batch.kubernetes.io/") or k in ("controller-uid", "job-name")
@@ -272,6 +280,12 @@ def _real_node_job(job: dict[str, Any], command: list[str]) -> dict[str, Any]:
     template["spec"] = realnode.on_real_node(template["spec"])
     template["spec"]["terminationGracePeriodSeconds"] = 1
     template["spec"]["containers"][0]["command"] = command
+    return template
+
+
+def _real_node_job(job: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    """The operator's Job as it created it, for the real node (see _on_real_node), unsuspended;
+    fields the API server and Job controller filled in are left out."""
     spec = {
         k: v
         for k, v in job["spec"].items()
@@ -281,7 +295,17 @@ def _real_node_job(job: dict[str, Any], command: list[str]) -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": job["metadata"]["name"], "labels": job["metadata"]["labels"]},
-        "spec": spec | {"template": template},
+        "spec": spec | {"template": _on_real_node(job["spec"]["template"], command)},
+    }
+
+
+def _real_node_service(service: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The operator's Service as it created it, with only `fields` of its spec (no allocated IPs)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service["metadata"]["name"], "labels": service["metadata"]["labels"]},
+        "spec": {k: service["spec"][k] for k in fields},
     }
 
 
@@ -413,3 +437,74 @@ def _check_quantize_writes_the_export_claim_on_the_real_node(
     volume = cluster.request("GET", f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
     written = Path(volume["spec"]["local"]["path"]) / output.removeprefix("/export/") / "config.json"
     assert written.read_text() == "quantized"
+
+
+# The stream server's stand-in: /health on the operator's --port (its probes' port "http") and a zmq
+# PUSH socket on its --stream-port, as `eagle3 extract --mode streaming` binds them.
+STREAM_SERVER_SCRIPT = """
+import http.server, socket, sys, threading, zmq
+port, stream_port = int(sys.argv[1]), int(sys.argv[2])
+push = zmq.Context.instance().socket(zmq.PUSH)
+push.bind(f"tcp://*:{stream_port}")
+threading.Thread(target=lambda: push.send_multipart([b"states from", socket.gethostname().encode()]), daemon=True).start()
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+http.server.ThreadingHTTPServer(("", port), Health).serve_forever()
+"""
+# The trainer's side: the server's /health at the operator's --server URL, then a zmq PULL socket on
+# the stream port of that URL's host (eagle3_runtime/extract/streaming.py connects the same way).
+STREAM_CLIENT_SCRIPT = """
+import sys, time, urllib.request, urllib.parse, zmq
+server, stream_port = sys.argv[1], int(sys.argv[2])
+deadline = time.time() + 100
+while True:
+    try:
+        status = urllib.request.urlopen(server + "/health", timeout=5).status
+        break
+    except OSError:
+        if time.time() > deadline:
+            raise
+        time.sleep(1)
+print("health", status)
+pull = zmq.Context.instance().socket(zmq.PULL)
+pull.setsockopt(zmq.RCVTIMEO, 60000)
+pull.connect(f"tcp://{urllib.parse.urlsplit(server).hostname}:{stream_port}")
+print(*(frame.decode() for frame in pull.recv_multipart()))
+"""
+
+
+def _check_trainer_reaches_the_stream_server_on_the_real_node(
+    cluster: LocalCluster,
+    ns: str,
+    stream: dict[str, Any],
+    service: dict[str, Any],
+    train: dict[str, Any],
+) -> None:
+    """The operator's stream server Deployment and Service and its train Job on the real node: the
+    server becomes Ready through its own probes and the trainer reaches both of its ports through
+    the Service's name."""
+    _fresh_claim(cluster, ns, "llama-workspace")
+    cluster.request(
+        "POST", f"/api/v1/namespaces/{ns}/services", _real_node_service(service, ("selector", "ports"))
+    )
+    server_command = stream["spec"]["template"]["spec"]["containers"][0]["command"]
+    port, stream_port = _flag(server_command, "--port"), _flag(server_command, "--stream-port")
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": stream["metadata"]["name"], "labels": stream["metadata"]["labels"]},
+        "spec": {k: stream["spec"][k] for k in ("selector", "strategy")}
+        | {"replicas": 1, "template": _on_real_node(stream["spec"]["template"],
+                                                      ["python3", "-c", STREAM_SERVER_SCRIPT, port, stream_port])},
+    }  # fmt: skip
+    cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
+    server = _flag(_command(train), "--server")
+    client = ["python3", "-c", STREAM_CLIENT_SCRIPT, server, str(_port(service, "stream"))]
+    cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, client))
+    (log,) = _finished_job_logs(cluster, ns, "llama-train", pods=1).values()
+    (server_pod,) = items(cluster, f"/api/v1/namespaces/{ns}/pods", "app.kubernetes.io/component=stream")
+    assert log.splitlines() == ["health 200", f"states from {server_pod['metadata']['name']}"], log
