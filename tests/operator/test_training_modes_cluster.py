@@ -29,6 +29,7 @@ from tests.operator.harness import (
     prepare_training_volumes,
     stage_record,
     training_body,
+    wait_for_phase,
     wait_for_stage_pods,
     wait_stage_succeeded,
 )
@@ -124,14 +125,7 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
 
     for stage, jobs in (("evaluate", ["llama-eval-50", "llama-eval-100"]), ("select", ["llama-select"])):
         complete_stage(cluster, ns, stage, jobs)
-    failed = wait_until(
-        lambda: (
-            (b := cluster.request("GET", draft_training_path(ns, "llama")))["status"].get("phase") == "Failed"
-            and b
-        ),
-        timeout=60,
-        what="phase Failed at the acceptance gate",
-    )
+    failed = wait_for_phase(cluster, ns, "llama", "Failed")  # at the acceptance gate
     gate = condition(failed, "Failed")
     assert gate["reason"] == "AcceptanceBelowMinimum", gate
     assert "acceptance length 2.4, below evaluation.minAcceptanceLength 3.0" in gate["message"]
