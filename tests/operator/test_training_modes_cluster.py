@@ -7,7 +7,8 @@ Stage pods on kwok end with the harness's stage results (tests/operator/harness.
 Kueue is not installed: the real Job controller honours `suspend`, and the test unsuspends the
 operator's Jobs itself, as Kueue does when it admits them. On the real node the objects keep the
 operator's pod spec (env, probes, volumes, security context, hostname and subdomain) and Service
-ports, and only the command is replaced by a tiny one (no vLLM, no training runs there).
+ports, and only the command is replaced by a tiny one (no vLLM, no training runs there; the
+multi-node trainer keeps the operator's torchrun launcher and replaces only the program it starts).
 """
 
 from __future__ import annotations
@@ -335,43 +336,31 @@ def _finished_job_logs(cluster: LocalCluster, ns: str, name: str, pods: int) -> 
     return logs
 
 
-# Rank 0 listens on the rendezvous port; rank 1 finds it through the headless Service's DNS name (the
-# torchrun --master-addr the operator wrote) and connects, as torchrun's static rendezvous does.
-# Both also read the warm-start checkpoint through the operator's read-only mount.
-MEET_SCRIPT = """
-import os, socket, sys, time
-master, port, init = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-rank = int(os.environ["NODE_RANK"])
+# What the operator's torchrun starts on each trainer node instead of `eagle3 train`: it reads the
+# warm-start checkpoint through the read-only mount, joins the process group that torchrun's static
+# rendezvous set up (rank 0's store, reached by the headless Service's DNS name in --master-addr) and
+# sums the ranks over gloo.
+WORKER_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+init = sys.argv[1]
 print("init", open(os.path.join(init, "config.json")).read().strip())
 try:
     open(os.path.join(init, "new"), "w")
     print("init writable")
 except OSError as error:
     print("init", error.strerror)
-if rank == 0:
-    server = socket.create_server(("", port))
-    server.settimeout(100)
-    peer, address = server.accept()
-    print("rank 0", socket.gethostname(), "accepted", peer.recv(64).decode(), "from", address[0])
-else:
-    deadline = time.time() + 100
-    while True:
-        try:
-            address = socket.gethostbyname(master)
-            with socket.create_connection((master, port), timeout=5) as conn:
-                conn.sendall(f"rank {rank} {socket.gethostname()}".encode())
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(1)
-    print("rank", rank, "reached", master, "at", address)
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1])
+dist.all_reduce(total)
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "via", os.environ["MASTER_ADDR"], "sum", total.item())
 """
 
 
 def _check_trainers_meet_on_the_real_node(
     cluster: LocalCluster, ns: str, train: dict[str, Any], service: dict[str, Any], tmp_path: Path
 ) -> None:
+    """The operator's torchrun launcher, as it wrote it ($(NODE_RANK) expanded by the kubelet from
+    the completion index), runs a tiny worker in both pods of the Indexed Job."""
     published = tmp_path / "published"
     (published / "eagle3-head").mkdir(parents=True)
     for folder in (tmp_path, published, published / "eagle3-head"):
@@ -379,31 +368,26 @@ def _check_trainers_meet_on_the_real_node(
     (published / "eagle3-head" / "config.json").write_text('{"draft": "eagle3"}')
     cluster.real_node.host_path_claim(cluster, ns, "published", published)
     _fresh_claim(cluster, ns, "llama-workspace")
-    headless = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": service["metadata"]["name"], "labels": service["metadata"]["labels"]},
-        "spec": {
-            k: service["spec"][k] for k in ("clusterIP", "publishNotReadyAddresses", "selector", "ports")
-        },
-    }
+    headless = _real_node_service(service, ("clusterIP", "publishNotReadyAddresses", "selector", "ports"))
     cluster.request("POST", f"/api/v1/namespaces/{ns}/services", headless)
-    torchrun = _command(train)
-    script = ["python3", "-c", MEET_SCRIPT, _long_flag(torchrun, "--master-addr"),
-              _long_flag(torchrun, "--master-port"), _flag(torchrun, "--init-checkpoint")]  # fmt: skip
-    cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, script))
+    command = _command(train)
+    launcher = command[: command.index("--no-python") + 1]
+    worker = ["python3", "-c", WORKER_SCRIPT, _flag(command, "--init-checkpoint")]
+    cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, launcher + worker))
 
     logs = _finished_job_logs(cluster, ns, "llama-train", pods=2)
     pods = {
-        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p["metadata"]["name"]
         for p in items(cluster, f"/api/v1/namespaces/{ns}/pods", "batch.kubernetes.io/job-name=llama-train")
     }
-    first, second = (logs[pods[i]["metadata"]["name"]].splitlines() for i in ("0", "1"))
-    ip = {i: pods[i]["status"]["podIP"] for i in pods}
-    assert first[-1] == f"rank 0 llama-train-0 accepted rank 1 llama-train-1 from {ip['1']}", first
-    assert second[-1] == f"rank 1 reached llama-train-0.llama-trainer at {ip['0']}", second
-    for log in (first, second):
-        assert log[:2] == ['init {"draft": "eagle3"}', "init Read-only file system"], log
+    master = _long_flag(command, "--master-addr")
+    for index in ("0", "1"):
+        printed = [line for line in logs[pods[index]].splitlines() if line.startswith(("init ", "rank "))]
+        assert printed == [
+            'init {"draft": "eagle3"}',
+            "init Read-only file system",
+            f"rank {index} of 2 via {master} sum 3",
+        ], logs[pods[index]]
     assert not (published / "eagle3-head" / "new").exists()
 
 
