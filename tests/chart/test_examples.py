@@ -26,6 +26,7 @@ from tests.operator.harness import (
     condition,
     draft_training_path,
     drive_to_success,
+    items,
     spec_decode_path,
 )
 from tests.support import testbed_kwok
@@ -192,7 +193,7 @@ def mi300x_node(cluster):
 
 
 def _pods(cluster, namespace: str, selector: str) -> list[dict]:
-    return cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")["items"]
+    return items(cluster, f"/api/v1/namespaces/{namespace}/pods", selector)
 
 
 def test_drafttraining_example_trains_on_mi300x_nodes_and_the_serving_example_rolls_in_its_draft(
