@@ -20,25 +20,16 @@ from typing import Any
 import yaml
 
 from tests.chart.helm import CHART_DIR
-from tests.support.cluster import REPO_ROOT, ClusterError, wait_until
+from tests.support.cluster import REPO_ROOT, find_bin_dir, wait_until
 
 DASHBOARDS = sorted((CHART_DIR / "files" / "dashboards").glob("*.json"))
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-prometheus.sh"
 
 
 def server_binary() -> Path:
-    """The Prometheus server with Kubernetes discovery: $EAGLE3_PROMETHEUS_BIN/prometheus, else built
-    (once, cached) by hack/build-prometheus.sh."""
-    configured = os.environ.get("EAGLE3_PROMETHEUS_BIN")
-    if not configured:
-        result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
-        if result.returncode != 0:
-            raise ClusterError(f"{BUILD_SCRIPT} failed with exit code {result.returncode} (its log is above)")
-        configured = result.stdout.strip().splitlines()[-1]
-    binary = Path(configured) / "prometheus"
-    if not binary.is_file():
-        raise ClusterError(f"no prometheus in {configured}; run {BUILD_SCRIPT}")
-    return binary
+    """The Prometheus server with Kubernetes discovery: in $EAGLE3_PROMETHEUS_BIN, else built (once,
+    cached) by hack/build-prometheus.sh."""
+    return find_bin_dir("EAGLE3_PROMETHEUS_BIN", BUILD_SCRIPT, ("prometheus",)) / "prometheus"
 
 
 def free_port() -> int:
