@@ -177,7 +177,6 @@ def check_spec_decode_monitoring(
     model = body["spec"].get("servedModelName") or body["spec"]["target"]["model"]
     port = next(p["containerPort"] for p in pod["spec"]["containers"][0]["ports"] if p["name"] == "http")
     url = f"http://{pod['status']['podIP']}:{port}"
-    records = [rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule]
     selector = f'namespace="{namespace}", specdecodedeployment="{sdd}"'
 
     with discovering_prometheus(cluster, workdir, monitors, rules, namespace) as prom:
@@ -193,7 +192,7 @@ def check_spec_decode_monitoring(
             while_watched()
             time.sleep(max(0.0, WARMUP_S + window_s + 3 - (time.monotonic() - started)))
             assert load.error is None, f"request to vLLM failed: {load.error!r}"
-            check_rules_and_dashboards(prom, records, selector, dashboard_rate_interval)
+            check_rules_and_dashboards(prom, rules, selector, dashboard_rate_interval)
             recorded, from_counters = check_acceptance_length(prom, selector, window_s)
         finally:
             load.stop.set()
@@ -227,8 +226,9 @@ def has_data(result: list[dict]) -> bool:
 
 
 def check_rules_and_dashboards(
-    prom: Prometheus, records: list[str], selector: str, rate_interval: str
+    prom: Prometheus, rules: dict[str, Any], selector: str, rate_interval: str
 ) -> None:
+    records = [rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule]
     for metric in VLLM_METRICS:
         assert has_data(prom.query(f"{metric}{{{selector}}}")), f"no {metric}{{{selector}}}"
     assert prom.query(f"sum(vllm:spec_decode_num_accepted_tokens_total{{{selector}}}) > 0"), (
@@ -237,7 +237,8 @@ def check_rules_and_dashboards(
 
     groups = prom.api("rules")["groups"]
     unhealthy = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
-    assert groups and not unhealthy, unhealthy
+    loaded = sorted(g["name"] for g in groups)
+    assert loaded == sorted(g["name"] for g in rules["groups"]) and not unhealthy, (loaded, unhealthy)
 
     empty = [record for record in records if not has_data(prom.query(record))]
     assert not empty, f"recording rules without data: {empty}"
