@@ -77,7 +77,7 @@ def test_deployment_serves_target_with_the_eagle3_draft():
 def test_monitors_only_when_the_prometheus_operator_serves_them():
     body = fakes.spec_decode(monitoring={"podMonitor": True, "additionalLabels": {"release": "kps"}})
     kinds = [o["kind"] for o in plan_serving(body, ServingObserved(now=fakes.NOW)).sync]
-    assert kinds == ["Deployment", "Service"]
+    assert kinds == ["Deployment", "Service", "PodDisruptionBudget"]
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, monitor_kinds={"ServiceMonitor", "PodMonitor"}))
     monitors = [o for o in plan.sync if o["apiVersion"] == "monitoring.coreos.com/v1"]
     assert [m["kind"] for m in monitors] == ["ServiceMonitor", "PodMonitor"]
@@ -252,7 +252,7 @@ def test_a_recreated_draft_training_exporting_to_the_same_path_is_a_rollout():
     new_template = _deployment(plan)["spec"]["template"]
     assert _spec_config(_deployment(plan)) == _spec_config(deployment), "same path"
     assert new_template != deployment["spec"]["template"], "the new export rolls out, not only onto new pods"
-    assert new_template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "uid-9"}
+    assert new_template["metadata"]["annotations"]["eagle3.ai/draft-export"] == "uid-9"
     assert plan.status["resolvedDraft"]["draftTraining"]["uid"] == "uid-9"
     assert [e.reason for e in plan.events] == ["DraftResolved"]
 
@@ -293,7 +293,7 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
     assert plan.status["resolvedDraft"] == {
         "model": "org/llama-eagle3", "uri": "org/llama-eagle3", "source": "spec.draft.model"
     }  # fmt: skip
-    assert "annotations" not in _deployment(plan)["spec"]["template"]["metadata"]
+    assert "eagle3.ai/draft-export" not in _deployment(plan)["spec"]["template"]["metadata"]["annotations"]
     assert [e.message for e in plan.events] == [
         "rolling in draft org/llama-eagle3 (replaces pvc://llama-workspace/export)"
     ]
@@ -307,7 +307,7 @@ def test_an_export_digest_is_pinned_and_names_the_export_on_the_pod_template():
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     assert plan.status["resolvedDraft"] == _record() | {"digest": "sha256:0123abcd"}
     template = _deployment(plan)["spec"]["template"]
-    assert template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "sha256:0123abcd"}
+    assert template["metadata"]["annotations"]["eagle3.ai/draft-export"] == "sha256:0123abcd"
     body["status"] = plan.status
     training["status"]["export"]["digest"] = "sha256:ffff"  # re-published at the same path
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
