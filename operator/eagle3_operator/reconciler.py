@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,7 +51,8 @@ TRAINING_CHILDREN = ("Job", "Pod", "Deployment", "Service", "PersistentVolumeCla
 CONFLICT_ATTEMPTS = 3
 # One read of a vLLM pod's /metrics or of a Prometheus query may take this long (a saturated server
 # answers late; the reconcile worker waits for it).
-COUNTER_READ_TIMEOUT_S = 5.0
+COUNTER_READ_TIMEOUT_S = 3.0
+COUNTER_READ_WORKERS = 16
 Key = tuple[str, str, str]  # kind, namespace, name
 
 
@@ -353,7 +355,11 @@ class Reconciler:
             if live.prometheus_url:
                 reads = self._counters_from_prometheus(live.prometheus_url, *key_, set(serving))
             else:
-                reads = {pod: self._counters_from_pod(p) for pod, p in serving.items()}
+                # In parallel: a slow or unreachable pod costs one timeout, not one per pod.
+                with ThreadPoolExecutor(max_workers=min(len(serving), COUNTER_READ_WORKERS)) as pool:
+                    reads = dict(
+                        zip(serving, pool.map(self._counters_from_pod, serving.values()), strict=True)
+                    )
             for pod, counters in reads.items():
                 if counters is not None:
                     annotations = serving[pod]["metadata"]["annotations"]

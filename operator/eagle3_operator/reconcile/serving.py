@@ -375,7 +375,10 @@ class ServingPlanner:
         current = deployment["metadata"]["annotations"][meta.TEMPLATE_HASH_ANNOTATION]
         figures = revision_figures(history, live.window_seconds, self.observed.now)
         figures.sort(key=lambda f: (f["revision"] != current, f["revision"]))
-        status["liveAcceptance"] = figures
+        if figures:
+            status["liveAcceptance"] = figures
+        else:
+            status.pop("liveAcceptance", None)
         mine = next((f for f in figures if f["revision"] == current), None)
         if mine and "meanAcceptanceLength" in mine:
             status["liveAcceptanceLength"] = mine["meanAcceptanceLength"]
