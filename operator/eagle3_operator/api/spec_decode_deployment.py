@@ -111,8 +111,10 @@ class LiveAcceptanceSpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": {
             "x-kubernetes-validations": [
+                # The section's `default: {}` is checked before its fields are defaulted.
                 cel(
-                    "self.windowSeconds >= 2 * self.intervalSeconds",
+                    "(has(self.windowSeconds) ? self.windowSeconds : 300)"
+                    " >= 2 * (has(self.intervalSeconds) ? self.intervalSeconds : 30)",
                     "liveAcceptance.windowSeconds must be at least twice intervalSeconds",
                 )
             ]
