@@ -16,7 +16,6 @@ PodDisruptionBudget, the draft's revision annotation and a Burstable (not BestEf
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
@@ -27,6 +26,7 @@ from tests.monitoring.constant_draft import build_constant_draft, most_frequent_
 from tests.operator.harness import condition, events_of, spec_decode_path
 from tests.support import realnode
 from tests.support.cluster import wait_until
+from tests.support.vllm_server import Load
 
 SDD = "live"
 SPEC_TOKENS = 3
@@ -67,29 +67,6 @@ def manifest(namespace: str, target_dir: str) -> dict:
     }
 
 
-class Load(threading.Thread):
-    """Greedy completions to the pod, one after another, until stopped."""
-
-    def __init__(self, url: str, prompts: list[str]):
-        super().__init__(daemon=True)
-        self.url, self.prompts = url, prompts
-        self.stop = threading.Event()
-        self.completed = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with httpx.Client(timeout=120) as client:
-                model = client.get(f"{self.url}/v1/models").raise_for_status().json()["data"][0]["id"]
-                while not self.stop.is_set():
-                    prompt = self.prompts[self.completed % len(self.prompts)]
-                    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-                    client.post(f"{self.url}/v1/completions", json=body).raise_for_status()
-                    self.completed += 1
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            self.error = exc
-
-
 @pytest.mark.slow
 def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
     cluster, real_node_namespace, start_operator, tmp_path
@@ -125,7 +102,9 @@ def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
     budget = cluster.request("GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{SDD}")
     assert budget["spec"]["maxUnavailable"] == 1
 
-    load = Load(f"http://{pod['status']['podIP']}:8000", prompts)
+    url = f"http://{pod['status']['podIP']}:8000"
+    model = httpx.get(f"{url}/v1/models", timeout=30).raise_for_status().json()["data"][0]["id"]
+    load = Load(url, model, prompts, MAX_TOKENS)
     load.start()
     try:
         body = wait_until(
