@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 
+import httpx
 import pytest
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
@@ -23,7 +25,7 @@ from tests.monitoring.constant_draft import build_constant_draft, most_frequent_
 from tests.monitoring.prometheus import Prometheus, dashboard_queries, variable_queries
 from tests.support.cluster import wait_until
 from tests.support.prometheus_operator import prometheus_operator_crds
-from tests.support.vllm_server import Load, running_vllm
+from tests.support.vllm_server import running_vllm
 
 WINDOW = "20s"
 WINDOW_S = 20
@@ -42,6 +44,28 @@ VLLM_METRICS = (
     "vllm:generation_tokens_total",
 )
 LABEL_VALUES = re.compile(r"^label_values\((?P<match>.+),\s*(?P<label>\w+)\)$")
+
+
+class Load(threading.Thread):
+    """Greedy completions, one after another, until stopped (vLLM counts spec decoding per step)."""
+
+    def __init__(self, url: str, model: str, prompts: list[str]):
+        super().__init__(daemon=True)
+        self.url, self.model, self.prompts = url, model, prompts
+        self.stop = threading.Event()
+        self.completed = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(timeout=120) as client:
+                while not self.stop.is_set():
+                    prompt = self.prompts[self.completed % len(self.prompts)]
+                    body = {"model": self.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+                    client.post(f"{self.url}/v1/completions", json=body).raise_for_status()
+                    self.completed += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            self.error = exc
 
 
 def has_data(result: list[dict]) -> bool:
@@ -85,7 +109,7 @@ def test_rules_and_dashboards_answer_from_a_live_vllm_and_operator(cluster, tmp_
             (tmp_path / "prometheus").mkdir()
             with Prometheus(tmp_path / "prometheus", jobs, rules) as prom:
                 wait_until(prom.targets_up, timeout=30, what="both scrape targets up")
-                load = Load(server.url, server.served_model_name, prompts, MAX_TOKENS)
+                load = Load(server.url, server.served_model_name, prompts)
                 load.start()
                 started = time.monotonic()
                 try:

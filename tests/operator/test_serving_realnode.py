@@ -16,6 +16,7 @@ PodDisruptionBudget, the draft's revision annotation and a Burstable (not BestEf
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import httpx
@@ -37,14 +38,14 @@ EVALUATED = 3.9  # far above what the constant draft reaches: DraftDegraded must
 POD_READY_TIMEOUT_S = 600  # image start, vLLM start-up and compilation on a shared 2-core machine
 
 
-def manifest(namespace: str, target_dir: str) -> dict:
+def manifest(namespace: str) -> dict:
     return {
         "apiVersion": "eagle3.ai/v1alpha1",
         "kind": "SpecDecodeDeployment",
         "metadata": {"name": SDD, "namespace": namespace},
         "spec": {
             "target": {
-                "model": f"pvc://target/{target_dir}",
+                "model": "pvc://target/target",
                 "imagePullPolicy": "Never",
                 "maxModelLen": 1024,
                 "extraArgs": ["--dtype", "bfloat16"],
@@ -75,13 +76,17 @@ def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
     target = ensure_tiny_target()
     prompts = [text[:400] for text in stdlib_corpus(0.3)[:8]]
     token = most_frequent_output_token(target, prompts, MAX_TOKENS)
-    drafts = tmp_path / "drafts"
-    drafts.mkdir(mode=0o755)
+    # Host directories as the claims' roots, readable by the vLLM image's user (uid 1000; the cached
+    # target's weights are its owner's only).
+    models, drafts = tmp_path / "models", tmp_path / "drafts"
+    shutil.copytree(target, models / "target")
     build_constant_draft(target, drafts / "constant", token)
-    cluster.real_node.host_path_claim(cluster, ns, "target", target.parent)
+    for path in [*models.rglob("*"), models, *drafts.rglob("*"), drafts]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    cluster.real_node.host_path_claim(cluster, ns, "target", models)
     cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
     operator = start_operator(ns)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns, target.name)))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
 
     def ready_pod() -> dict | None:
         selector = f"eagle3.ai/spec-decode-deployment={SDD}"
