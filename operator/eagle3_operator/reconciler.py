@@ -353,13 +353,11 @@ class Reconciler:
         # A little early is fine: requeues land about an interval apart, not exactly.
         if serving and (last is None or (now - last).total_seconds() >= 0.8 * live.interval_seconds):
             if live.prometheus_url:
-                reads = self._counters_from_prometheus(live.prometheus_url, *key_, set(serving))
+                reads = read_prometheus_counters(live.prometheus_url, *key_, set(serving))
             else:
                 # In parallel: a slow or unreachable pod costs one timeout, not one per pod.
                 with ThreadPoolExecutor(max_workers=min(len(serving), COUNTER_READ_WORKERS)) as pool:
-                    reads = dict(
-                        zip(serving, pool.map(self._counters_from_pod, serving.values()), strict=True)
-                    )
+                    reads = dict(zip(serving, pool.map(read_pod_counters, serving.values()), strict=True))
             for pod, counters in reads.items():
                 if counters is not None:
                     annotations = serving[pod]["metadata"]["annotations"]
@@ -368,33 +366,34 @@ class Reconciler:
         history.prune(now, live.window_seconds, set(serving))
         return history
 
-    @staticmethod
-    def _counters_from_pod(pod: dict[str, Any]) -> PodCounters | None:
-        url = f"http://{pod['status']['podIP']}:{VLLM_PORT}/metrics"
+
+def read_pod_counters(pod: dict[str, Any]) -> PodCounters | None:
+    """A vLLM pod's counters from its /metrics; None when it cannot be read (logged)."""
+    url = f"http://{pod['status']['podIP']}:{VLLM_PORT}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=COUNTER_READ_TIMEOUT_S) as response:
+            return parse_metrics(response.read().decode())
+    except (OSError, ValueError) as error:  # unreachable, slow, or not Prometheus text
+        log.info("cannot read %s: %s", url, error)
+        return None
+
+
+def read_prometheus_counters(
+    base_url: str, namespace: str, name: str, pods: set[str]
+) -> dict[str, PodCounters]:
+    """The latest value of each counter per pod, as the user's Prometheus scraped them."""
+    samples: dict[str, list[tuple[str, dict[str, str], float]]] = {pod: [] for pod in pods}
+    for metric in COUNTERS:
+        query = f'{metric}{{namespace="{namespace}",specdecodedeployment="{name}"}}'
+        url = f"{base_url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query})
         try:
             with urllib.request.urlopen(url, timeout=COUNTER_READ_TIMEOUT_S) as response:
-                return parse_metrics(response.read().decode())
-        except (OSError, ValueError) as error:  # unreachable, slow, or not Prometheus text
-            log.info("cannot read %s: %s", url, error)
-            return None
-
-    @staticmethod
-    def _counters_from_prometheus(
-        base_url: str, namespace: str, name: str, pods: set[str]
-    ) -> dict[str, PodCounters]:
-        """The latest value of each counter per pod, as the user's Prometheus scraped them."""
-        samples: dict[str, list[tuple[str, dict[str, str], float]]] = {pod: [] for pod in pods}
-        for metric in COUNTERS:
-            query = f'{metric}{{namespace="{namespace}",specdecodedeployment="{name}"}}'
-            url = f"{base_url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-            try:
-                with urllib.request.urlopen(url, timeout=COUNTER_READ_TIMEOUT_S) as response:
-                    result = json.loads(response.read())["data"]["result"]
-            except (OSError, ValueError, KeyError) as error:
-                log.info("cannot query %s: %s", base_url, error)
-                return {}
-            for series in result:
-                labels = series["metric"]
-                if labels.get("pod") in samples:
-                    samples[labels["pod"]].append((metric, labels, float(series["value"][1])))
-        return {pod: counters_from_samples(found) for pod, found in samples.items() if found}
+                result = json.loads(response.read())["data"]["result"]
+        except (OSError, ValueError, KeyError) as error:
+            log.info("cannot query %s: %s", base_url, error)
+            return {}
+        for series in result:
+            labels = series["metric"]
+            if labels.get("pod") in samples:
+                samples[labels["pod"]].append((metric, labels, float(series["value"][1])))
+    return {pod: counters_from_samples(found) for pod, found in samples.items() if found}
