@@ -282,6 +282,16 @@ def wait_stage_succeeded(cluster: LocalCluster, namespace: str, name: str, stage
     return wait_until(done, timeout=60, interval=0.3, what=f"stage {stage} of {name} to succeed")
 
 
+def wait_for_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    """The DraftTraining once its status.phase is `phase`."""
+
+    def reached() -> dict[str, Any] | None:
+        body = cluster.request("GET", draft_training_path(namespace, name))
+        return body if (body.get("status") or {}).get("phase") == phase else None
+
+    return wait_until(reached, timeout=60, interval=0.3, what=f"{name} phase {phase}")
+
+
 def drive_to_success(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
     """Play every stage's pods of an offline-mode DraftTraining until it succeeds."""
     for stage, suffixes in STAGE_JOBS:
