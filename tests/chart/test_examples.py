@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_runtime.layout import export_version
 from tests.chart.helm import CHART_DIR, RELEASE, by_kind, helm, install_chart_crds, render
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     OperatorProcess,
     bind_volume,
     condition,
@@ -253,7 +255,10 @@ def test_drafttraining_example_trains_on_mi300x_nodes_and_the_serving_example_ro
             what="the target server's pod running",
         )
         done = drive_to_success(cluster, ns, name)
-        assert done["status"]["export"]["uri"] == "pvc://drafts/llama31-8b/eagle3"
+        assert (
+            done["status"]["export"]["uri"]
+            == f"pvc://drafts/llama31-8b/eagle3/{export_version(EXPORT_DIGEST)}"
+        )
         stage_pods = [target, *_pods(cluster, ns, "eagle3.ai/stage")]
         by_stage = {}
         for pod in stage_pods:
