@@ -345,7 +345,7 @@ def test_rollout_knobs_disruption_budget_startup_budget_and_requests():
         readiness["failureThreshold"] * readiness["periodSeconds"] >= 60 and readiness["timeoutSeconds"] >= 10
     )
     # Not BestEffort: the spec's memory, the default CPU, the GPUs.
-    assert vllm["resources"]["requests"] == {"memory": "64Gi", "cpu": "1", "amd.com/gpu": "1"}
+    assert vllm["resources"]["requests"] == {"memory": "64Gi", "cpu": "500m", "amd.com/gpu": "1"}
     budget = next(o for o in plan.sync if o["kind"] == "PodDisruptionBudget")
     assert budget["spec"] == {"selector": deployment["spec"]["selector"], "maxUnavailable": 2}
     assert budget["metadata"]["ownerReferences"][0]["uid"] == "uid-2"

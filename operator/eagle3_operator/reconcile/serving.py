@@ -41,7 +41,7 @@ MONITORING_API = "monitoring.coreos.com/v1"
 PROGRESS_DEADLINE_SLACK_S = 600
 # Requests of a vLLM container whose spec sets none, so GPU pods are Burstable, not BestEffort (the
 # first evicted under node memory pressure); target.resources sets the real size.
-DEFAULT_REQUESTS = {"cpu": "1", "memory": "4Gi"}
+DEFAULT_REQUESTS = {"cpu": "500m", "memory": "4Gi"}
 
 
 @dataclass
