@@ -70,34 +70,39 @@ def serving(page: str) -> Iterator[int]:
 
 def test_prometheus_reader_gives_each_pods_counters(tmp_path):
     pages = {pod: vllm_page(*values) for pod, values in PAGES.items()}
-    with serving(pages["chat-a"]) as port_a, serving(pages["chat-b"]) as port_b:
-        jobs = {
-            f"vllm-{pod}": {
-                "target": f"127.0.0.1:{port}",
-                "labels": {"namespace": "ml", "specdecodedeployment": "chat", "pod": pod},
-            }
-            for pod, port in (("chat-a", port_a), ("chat-b", port_b))
-        }
+    with (
+        serving(pages["chat-a"]) as port_a,
+        serving(pages["chat-b"]) as port_b,
         # A pod of another SpecDecodeDeployment in the same namespace: not ours.
-        with serving(vllm_page(0, 999, 999, 999, (999,))) as port_other:
-            jobs["vllm-other"] = {
-                "target": f"127.0.0.1:{port_other}",
-                "labels": {"namespace": "ml", "specdecodedeployment": "other", "pod": "other-0"},
+        serving(vllm_page(0, 999, 999, 999, (999,))) as port_other,
+    ):
+        targets = [
+            (port_a, {"namespace": "ml", "specdecodedeployment": "chat", "pod": "chat-a"}),
+            (port_b, {"namespace": "ml", "specdecodedeployment": "chat", "pod": "chat-b"}),
+            (port_other, {"namespace": "ml", "specdecodedeployment": "other", "pod": "other-0"}),
+        ]
+        scrape_configs = [
+            {
+                "job_name": f"vllm-{labels['pod']}",
+                "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": labels}],
             }
-            with Prometheus(tmp_path, jobs, {"groups": []}) as prom:
-                wait_until(prom.targets_up, timeout=30, what="the stand-in pods scraped")
-                read = wait_until(
-                    lambda: (
-                        (
-                            found := read_prometheus_counters(
-                                prom.url, "ml", "chat", {"chat-a", "chat-b", "chat-c"}
-                            )
+            for port, labels in targets
+        ]
+        with Prometheus(tmp_path, scrape_configs, {"groups": []}) as prom:
+            jobs = [config["job_name"] for config in scrape_configs]
+            wait_until(lambda: prom.targets_up(jobs), timeout=30, what="the stand-in pods scraped")
+            read = wait_until(
+                lambda: (
+                    (
+                        found := read_prometheus_counters(
+                            prom.url, "ml", "chat", {"chat-a", "chat-b", "chat-c"}
                         )
-                        and len(found) == 2
-                        and found
-                    ),
-                    timeout=30,
-                    what="both pods' counters in Prometheus",
-                )
+                    )
+                    and len(found) == 2
+                    and found
+                ),
+                timeout=30,
+                what="both pods' counters in Prometheus",
+            )
     assert read == {pod: parse_metrics(page) for pod, page in pages.items()}
     assert read["chat-a"] == PodCounters(120, 95, 1800, (60, 35))
