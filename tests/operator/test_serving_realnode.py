@@ -24,10 +24,10 @@ import pytest
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.monitoring.constant_draft import build_constant_draft, most_frequent_output_token
+from tests.monitoring.live_prometheus import Load
 from tests.operator.harness import condition, events_of, spec_decode_path
 from tests.support import realnode
 from tests.support.cluster import wait_until
-from tests.support.vllm_server import Load
 
 SDD = "live"
 SPEC_TOKENS = 3

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import httpx
 
 from eagle3_runtime.vllm_server import VLLMServer, log_tail
 
@@ -39,31 +36,3 @@ def running_vllm(
         raise
     finally:
         server.stop()
-
-
-class Load(threading.Thread):
-    """Greedy completions to a vLLM server, one after another, until stopped (vLLM counts speculative
-    decoding per step, so its counters move throughout)."""
-
-    def __init__(self, url: str, model: str, prompts: list[str], max_tokens: int):
-        super().__init__(daemon=True)
-        self.url, self.model, self.prompts, self.max_tokens = url, model, prompts, max_tokens
-        self.stop = threading.Event()
-        self.completed = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with httpx.Client(timeout=120) as client:
-                while not self.stop.is_set():
-                    prompt = self.prompts[self.completed % len(self.prompts)]
-                    body = {
-                        "model": self.model,
-                        "prompt": prompt,
-                        "max_tokens": self.max_tokens,
-                        "temperature": 0,
-                    }
-                    client.post(f"{self.url}/v1/completions", json=body).raise_for_status()
-                    self.completed += 1
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            self.error = exc
