@@ -22,6 +22,7 @@ import yaml
 
 from tests.chart.helm import CHART_DIR, helm, values_args
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     OperatorProcess,
     bind_volume,
     draft_training_path,
@@ -271,7 +272,7 @@ def stage_metrics(stage: str, pod: dict[str, Any]) -> dict[str, Any]:
         }  # fmt: skip
     if stage == "select":
         return {"step": 40, "acceptance_length": 2.5}
-    return {}
+    return {"digest": EXPORT_DIGEST}  # export (and quantize): the published draft's content digest
 
 
 def play_stage_pods(installation: Installation, training: str) -> None:

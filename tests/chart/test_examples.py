@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle3_runtime.layout import export_version
 from tests.chart.helm import CHART_DIR, RELEASE, by_kind, helm, install_chart_crds, render
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     OperatorProcess,
     bind_volume,
     condition,
@@ -253,7 +255,8 @@ def test_drafttraining_example_trains_on_mi300x_nodes_and_the_serving_example_ro
             what="the target server's pod running",
         )
         done = drive_to_success(cluster, ns, name)
-        assert done["status"]["export"]["uri"] == "pvc://drafts/llama31-8b/eagle3"
+        export = f"llama31-8b/eagle3/{export_version(EXPORT_DIGEST)}"  # published under its digest
+        assert done["status"]["export"]["uri"] == f"pvc://drafts/{export}"
         stage_pods = [target, *_pods(cluster, ns, "eagle3.ai/stage")]
         by_stage = {}
         for pod in stage_pods:
@@ -295,13 +298,13 @@ def test_drafttraining_example_trains_on_mi300x_nodes_and_the_serving_example_ro
             return body if condition(body, "DraftResolved").get("reason") == "FromDraftTraining" else None
 
         resolved = wait_until(rolled_in, timeout=60, what=f"{serving_path.name} resolving the trained draft")
-        assert resolved["status"]["resolvedDraft"]["uri"] == "pvc://drafts/llama31-8b/eagle3"
+        assert resolved["status"]["resolvedDraft"]["uri"] == f"pvc://drafts/{export}"
         deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{server}")
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         config = json.loads(container["args"][container["args"].index("--speculative-config") + 1])
         assert config == {
             "method": "eagle3",
-            "model": "/models/draft/llama31-8b/eagle3",
+            "model": f"/models/draft/{export}",
             "num_speculative_tokens": 3,
         }
         claims = [

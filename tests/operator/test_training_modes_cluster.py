@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3_runtime.layout import export_version
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     bind_volume,
     complete_stage,
     condition,
@@ -194,7 +196,7 @@ def _run_online_multi_node_training(cluster: LocalCluster, ns: str) -> dict[str,
         done = wait_stage_succeeded(cluster, ns, "llama", stage)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert [s["name"] for s in done["status"]["stages"]] == [s for s, _ in ONLINE_STAGE_JOBS]
-    assert done["status"]["export"]["uri"] == "pvc://drafts/llama"
+    assert done["status"]["export"]["uri"] == f"pvc://drafts/llama/{export_version(EXPORT_DIGEST)}"
     assert done["status"]["export"]["quantization"] == "fp8"
     assert condition(done, "Quantized")["status"] == "True"
     return jobs_of(cluster, ns, "llama")
@@ -253,7 +255,7 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     assert _flag(command, "--hidden-states") == "online" and _flag(command, "--layer-ids") == "1,5,9"
     assert _flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
     quantize = jobs["llama-quantize"]
-    assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", "/workspace/export", "--output",
+    assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", "/workspace/export/latest", "--output",
                                       "/export/llama", "--scheme", "fp8"]  # fmt: skip
 
     # The same Jobs' pods on the real node.

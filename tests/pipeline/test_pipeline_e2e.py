@@ -53,11 +53,11 @@ def test_tiny_cpu_pipeline_trains_a_draft_that_vllm_accepts(tmp_path, tiny_targe
     assert result.metrics["acceptance_length"] == best["acceptance_length"]
 
     # What was measured is what was exported.
-    exported = workspace / "export" / "model.safetensors"
+    exported = workspace / "export" / "latest" / "model.safetensors"
     assert _sha256(exported) == _sha256(
         workspace / ".evaluate" / f"step-{best['step']:08d}" / "model.safetensors"
     )
-    config = json.loads((workspace / "export" / "config.json").read_text())
+    config = json.loads((workspace / "export" / "latest" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
 
     report = (workspace / "reports" / "report.md").read_text()
