@@ -14,6 +14,11 @@ from eagle3_operator.reconcile.stuck import Refusal
 
 log = logging.getLogger(__name__)
 INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
+# The API server's OwnerReferencesPermissionEnforcement refuses `blockOwnerDeletion` while its own
+# discovery cache does not know the owner's kind yet: up to half a minute after the chart installs
+# the CRDs (kube-apiserver refreshes that cache periodically). A wait, not a refusal worth a Warning:
+# the write is tried again soon.
+UNDISCOVERED_OWNER = "cannot find RESTMapping"
 
 
 def contains(live: Any, desired: Any) -> bool:
@@ -51,9 +56,10 @@ def _refusal(obj: dict[str, Any], error: ApiError) -> Refusal:
 
 def apply_children(
     kube: Kube, owner: dict[str, Any], plan: Plan, live: dict[tuple[str, str], dict[str, Any]]
-) -> tuple[list[Refusal], list[dict[str, Any]]]:
-    """Create, update and delete children; the writes the API server refused (for the status), and
-    the objects it returned for the writes it took.
+) -> tuple[list[Refusal], list[dict[str, Any]], int]:
+    """Create, update and delete children; the writes the API server refused (for the status), the
+    objects it returned for the writes it took, and how many writes wait for the API server to
+    discover the owner's kind (to be tried again soon).
 
     A refused child (quota, admission, validation) does not stop the others: each is independent,
     and the refusal is reported on the owner instead of failing the reconcile.
@@ -65,7 +71,7 @@ def apply_children(
         wanted = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
         if current is None or not contains(current, wanted):
             writes.append((obj, "updating" if current else "creating", kube.apply))
-    refused, written = [], []
+    refused, written, deferred = [], [], 0
     for obj, verb, write in writes:
         log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])
         try:
@@ -73,7 +79,11 @@ def apply_children(
         except NamespaceTerminating:
             raise
         except ApiError as error:
-            refused.append(_refusal(obj, error))
+            if UNDISCOVERED_OWNER in error.detail:
+                log.info("the API server does not know the owner's kind yet; %s %s later", *key(obj))
+                deferred += 1
+            else:
+                refused.append(_refusal(obj, error))
         else:
             if result:  # None: created meanwhile by someone else (the watch brings it)
                 written.append(result)
@@ -83,7 +93,7 @@ def apply_children(
         kube.delete(gone["apiVersion"], gone["kind"], namespace, gone["name"])
     for refusal in refused:
         log.warning("the API server refused %s %s: %s", refusal.kind, refusal.name, refusal.message)
-    return refused, written
+    return refused, written, deferred
 
 
 def write_status(kube: Kube, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:

@@ -53,6 +53,9 @@ CONFLICT_ATTEMPTS = 3
 # answers late; the reconcile worker waits for it).
 COUNTER_READ_TIMEOUT_S = 3.0
 COUNTER_READ_WORKERS = 16
+# Writes that wait for the API server to discover the owner's kind (apply.UNDISCOVERED_OWNER) are
+# tried again after this long.
+DEFERRED_WRITE_RETRY_S = 5.0
 Key = tuple[str, str, str]  # kind, namespace, name
 
 
@@ -211,7 +214,7 @@ class Reconciler:
                 observed.job_events = self._failed_create_events(namespace)
             plan = plan_training(body, observed)
             live = {key(o): o for items in listed.values() for o in items}
-            observed.refused = self._apply(body, plan, live)
+            observed.refused, deferred = self._apply(body, plan, live)
             if observed.refused:
                 plan = plan_training(body, observed)  # the same decision, with the refusals in its status
             self._write_status(DT, body, plan)
@@ -220,16 +223,16 @@ class Reconciler:
                 # Its consumers look again: a new export rolls in; a re-opened or failed training
                 # leaves them their pinned draft, with a Warning.
                 self._queue_consumers(namespace, name)
-            return plan.requeue_after or 0.0
+            return _requeue_after(plan, deferred)
 
     def _apply(
         self, owner: dict[str, Any], plan: Any, live: dict[tuple[str, str], dict[str, Any]]
-    ) -> list[Any]:
-        refused, written = apply_children(self.kube, owner, plan, live)
+    ) -> tuple[list[Any], int]:
+        refused, written, deferred = apply_children(self.kube, owner, plan, live)
         for obj in written:  # into the cache at once, so the next pass does not plan them again
             current = live.get(key(obj))
             self.store.write_through(obj, (current or {}).get("metadata", {}).get("resourceVersion"))
-        return refused
+        return refused, deferred
 
     def _write_status(self, kind: str, body: dict[str, Any], plan: Any) -> None:
         written = write_status(self.kube, body, plan)
@@ -311,7 +314,7 @@ class Reconciler:
                 *budgets,
                 *(m for ms in monitors.values() for m in ms),
             ]
-            observed.refused = self._apply(body, plan, {key(o): o for o in children})
+            observed.refused, deferred = self._apply(body, plan, {key(o): o for o in children})
             if observed.refused:
                 plan = plan_serving(body, observed)  # the same decision, with the refusals in its status
             self._write_status(SDD, body, plan)
@@ -320,7 +323,7 @@ class Reconciler:
                 SDD, namespace, name, "Available" if conditions.get("Available") == "True" else "Unavailable"
             )
             metrics.record_serving(namespace, name, plan.status)
-            return plan.requeue_after or 0.0
+            return _requeue_after(plan, deferred)
 
     # ---- live acceptance -------------------------------------------------------------------------
 
@@ -365,6 +368,12 @@ class Reconciler:
                     history.add(pod, PodRead(now, annotations[REVISION_ANNOTATION], draft, counters))
         history.prune(now, live.window_seconds, set(serving))
         return history
+
+
+def _requeue_after(plan: Any, deferred_writes: int) -> float:
+    """When to reconcile again (0: on the next event): the plan's wish, sooner for deferred writes."""
+    wishes = [plan.requeue_after] if plan.requeue_after else []
+    return min([*wishes, DEFERRED_WRITE_RETRY_S]) if deferred_writes else (plan.requeue_after or 0.0)
 
 
 def read_pod_counters(pod: dict[str, Any]) -> PodCounters | None:
