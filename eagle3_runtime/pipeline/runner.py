@@ -15,7 +15,7 @@ from pathlib import Path
 from eagle3_runtime import cli, stage_plan
 from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
 from eagle3_runtime.pipeline.config import PipelineConfig
-from eagle3_runtime.stages.train import finished_training
+from eagle3_runtime.train.checkpoint import finished_training
 from eagle3_runtime.vllm_server import VLLMServer
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,6 @@ from; see `sample_source`. Under torchrun every rank runs this same command.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -22,7 +21,7 @@ from eagle3_runtime.model.config import MAX_DRAFT_LAYERS, draft_config_from_targ
 from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead, load_target_config, load_target_embeddings
-from eagle3_runtime.train.checkpoint import MANIFEST, complete_checkpoints
+from eagle3_runtime.train.checkpoint import finished_training
 from eagle3_runtime.train.data import rows_per_epoch, steps_for_epochs
 from eagle3_runtime.train.distributed import init_distributed
 from eagle3_runtime.train.trainer import DraftTrainer, TrainSettings
@@ -136,25 +135,6 @@ def _result(
         metrics=metrics,
         artifacts={"checkpoint": str(workspace.checkpoint_dir(step).relative_to(workspace.root))},
     )
-
-
-def finished_training(workspace: Workspace, steps: int | None, epochs: int | None) -> dict | None:
-    """The last checkpoint's manifest when it completes this training, else None.
-
-    Asked in epochs, the total is the one derived when the training started (its manifest's
-    settings), so a finished run is recognised without reading the dataset again.
-    """
-    done = complete_checkpoints(workspace)
-    if not done:
-        return None
-    manifest = json.loads((workspace.checkpoint_dir(done[-1]) / MANIFEST).read_text())
-    settings = manifest.get("settings", {})
-    total = (
-        steps if steps is not None else (settings.get("steps") if settings.get("epochs") == epochs else None)
-    )
-    if total is None or done[-1] < total:
-        return None
-    return {**manifest, "settings": {**settings, "steps": total, "epochs": epochs}, "checkpoints": done}
 
 
 def _total_steps(args, lengths: list[int], settings: TrainSettings) -> int:
