@@ -1,4 +1,4 @@
-"""`eagle3 evaluate`: serve a checkpoint with vLLM speculative decoding and measure it (eagle3_runtime/evaluate.py).
+"""`eagle3 evaluate`: serve a checkpoint with vLLM speculative decoding and measure it (eagle3_runtime/evaluate/).
 
 Without `--server` the stage starts vLLM itself, with the draft and without speculation for the
 baseline. `--baseline` says how the baseline is measured:
@@ -20,7 +20,7 @@ import json
 import logging
 from pathlib import Path
 
-from eagle3_runtime.evaluate import (
+from eagle3_runtime.evaluate.rounds import (
     BASELINE,
     CANDIDATE,
     abba_order,

@@ -14,7 +14,8 @@ from datetime import datetime
 import pytest
 
 from eagle3_runtime.cli import build_parser
-from eagle3_runtime.evaluate import BASELINE, CANDIDATE, DomainRun, Round, SpecCounters, abba_order, pooled
+from eagle3_runtime.evaluate.counters import SpecCounters
+from eagle3_runtime.evaluate.rounds import BASELINE, CANDIDATE, DomainRun, Round, abba_order, pooled
 from eagle3_runtime.layout import StageResult
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.stages import evaluate

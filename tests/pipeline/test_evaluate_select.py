@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eagle3_runtime.evaluate import parse_spec_counters
+from eagle3_runtime.evaluate.counters import parse_spec_counters
 from eagle3_runtime.layout import Workspace
 from eagle3_runtime.stages import select
 

@@ -1,8 +1,7 @@
-"""Measure a draft in vLLM: acceptance from the server's own `/metrics`, and speedup over no speculation.
+"""A prompt set run against a vLLM server, domain by domain, and rounds of such runs.
 
-The prompts run domain by domain; the `vllm:spec_decode_*` counters are read before and after
-each domain, so the deltas give that domain's mean acceptance length (`1 + accepted / drafts`)
-and per-position acceptance (`accepted_at[i] / drafts`). The same prompts on a server without
+The `vllm:spec_decode_*` counters (`counters`) are read before and after each domain, so the
+deltas give that domain's acceptance. The same prompts on a server without
 speculation give the baseline throughput; both runs use greedy decoding and one concurrency.
 
 A speedup compares like with like only when both sides run under the same machine load, so a
@@ -17,12 +16,13 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
+from eagle3_runtime.evaluate.counters import SpecCounters, read_spec_counters
 from eagle3_runtime.generate import (
     Prompt,
     RetryPolicy,
@@ -34,81 +34,6 @@ from eagle3_runtime.generate import (
 from eagle3_runtime.layout import content_hash
 
 log = logging.getLogger(__name__)
-
-SPEC_COUNTERS = {
-    "drafts": "vllm:spec_decode_num_drafts",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "accepted": "vllm:spec_decode_num_accepted_tokens",
-}
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
-
-
-@dataclass
-class SpecCounters:
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    accepted_per_position: dict[int, float] = field(default_factory=dict)
-
-    def __sub__(self, other: SpecCounters) -> SpecCounters:
-        positions = self.accepted_per_position.keys() | other.accepted_per_position.keys()
-        return SpecCounters(
-            self.drafts - other.drafts,
-            self.draft_tokens - other.draft_tokens,
-            self.accepted - other.accepted,
-            {
-                p: self.accepted_per_position.get(p, 0) - other.accepted_per_position.get(p, 0)
-                for p in positions
-            },
-        )
-
-    def __add__(self, other: SpecCounters) -> SpecCounters:
-        positions = self.accepted_per_position.keys() | other.accepted_per_position.keys()
-        return SpecCounters(
-            self.drafts + other.drafts,
-            self.draft_tokens + other.draft_tokens,
-            self.accepted + other.accepted,
-            {
-                p: self.accepted_per_position.get(p, 0) + other.accepted_per_position.get(p, 0)
-                for p in positions
-            },
-        )
-
-    @property
-    def acceptance_length(self) -> float | None:
-        return 1 + self.accepted / self.drafts if self.drafts else None
-
-    def acceptance_per_position(self, num_speculative_tokens: int) -> list[float]:
-        if not self.drafts:
-            return []
-        return [self.accepted_per_position.get(i, 0) / self.drafts for i in range(num_speculative_tokens)]
-
-
-def parse_spec_counters(metrics_text: str) -> SpecCounters:
-    """Sum the speculative-decoding counters over every engine and model label set."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counters = SpecCounters()
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if not sample.name.endswith("_total"):
-                continue
-            name = sample.name.removesuffix("_total")
-            if name == PER_POSITION:
-                position = int(sample.labels["position"])
-                counters.accepted_per_position[position] = (
-                    counters.accepted_per_position.get(position, 0) + sample.value
-                )
-            for attribute, metric in SPEC_COUNTERS.items():
-                if name == metric:
-                    setattr(counters, attribute, getattr(counters, attribute) + sample.value)
-    return counters
-
-
-async def read_spec_counters(client: httpx.AsyncClient) -> SpecCounters:
-    response = await client.get("/metrics", timeout=60)
-    response.raise_for_status()
-    return parse_spec_counters(response.text)
 
 
 @dataclass
