@@ -16,9 +16,8 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 
@@ -31,7 +30,6 @@ from eagle3_runtime.generate import (
     generate_one,
     load_prompts,
 )
-from eagle3_runtime.layout import content_hash
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +86,6 @@ def prompt_domains(sources: list[SourceSpec], per_domain: int) -> dict[str, list
             if len(bucket) < per_domain:
                 bucket.append(prompt)
     return dict(sorted(domains.items()))
-
-
-def prompt_set_key(sources: list[SourceSpec], per_domain: int, max_tokens: int, concurrency: int) -> str:
-    """Identifies a prompt set + settings, so a baseline measured once is reused for every checkpoint."""
-    return content_hash([[asdict(s) for s in sources], per_domain, max_tokens, concurrency])
 
 
 def summarise(runs: dict[str, DomainRun], num_speculative_tokens: int) -> dict:
@@ -190,7 +183,3 @@ def pooled(rounds: list[Round]) -> dict[str, DomainRun]:
                 seen.counters + run.counters,
             )  # fmt: skip
     return total
-
-
-def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:
-    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": num_speculative_tokens}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from eagle3_operator.api.draft_training import DraftTraining
 
+from eagle3_runtime.evaluate.evaluations import checkpoint_evaluations
 from eagle3_runtime.layout import Workspace
-from eagle3_runtime.stages.select import checkpoint_evaluations
 from eagle3_runtime.train.trainer import METRICS_FILE
 
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 from eagle3_runtime import cli, stage_plan
+from eagle3_runtime.evaluate.baseline import measure_baseline
+from eagle3_runtime.evaluate.config import EvaluateConfig
 from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
 from eagle3_runtime.pipeline.config import PipelineConfig
 from eagle3_runtime.train.checkpoint import finished_training
@@ -117,12 +119,9 @@ class PipelineRunner:
                         **settings) as server:  # fmt: skip
             self._stage(self.argv("generate", server=server.url))
             # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
-            from eagle3_runtime.stages.evaluate import measure_baseline
-
             argv = self.argv("evaluate", step=0)
-            measure_baseline(
-                self.workspace, server.url, spec.target.model, cli.build_parser(argv).parse_args(argv)
-            )
+            evaluation = EvaluateConfig.from_args(cli.build_parser(argv).parse_args(argv))
+            measure_baseline(evaluation, server.url, spec.target.model)
 
     def train(self) -> None:
         spec = self.training.spec
