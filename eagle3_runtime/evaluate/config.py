@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from eagle3_runtime.generate import SourceSpec
+from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.vllm_server import VLLMServer
 
 SERVED_NAME = "target"

@@ -22,14 +22,8 @@ from datetime import UTC, datetime
 import httpx
 
 from eagle3_runtime.evaluate.counters import SpecCounters, read_spec_counters
-from eagle3_runtime.generate import (
-    Prompt,
-    RetryPolicy,
-    SamplingSettings,
-    SourceSpec,
-    generate_one,
-    load_prompts,
-)
+from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts
+from eagle3_runtime.vllm_client import RetryPolicy, SamplingSettings, generate_one
 
 log = logging.getLogger(__name__)
 

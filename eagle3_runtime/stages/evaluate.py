@@ -20,8 +20,8 @@ from pathlib import Path
 
 from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
 from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig
-from eagle3_runtime.generate import SourceSpec
 from eagle3_runtime.layout import StageResult
+from eagle3_runtime.prompt_sources import SourceSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
