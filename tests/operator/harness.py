@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from eagle3_operator.reconcile.training import TrainingObserved, TrainingPlanner
 from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_runtime.layout import StageResult
+from eagle3_runtime.vllm_server import free_port
 from tests.support.cluster import ApiError, LocalCluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,12 +34,6 @@ WATCHED_RESOURCES = {
     "drafttrainings", "specdecodedeployments", "jobs", "pods", "deployments", "services",
     "persistentvolumeclaims", "events", "servicemonitors", "podmonitors",
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def install_crds(cluster: LocalCluster) -> None:
