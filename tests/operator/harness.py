@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_runtime.layout import StageResult
 from eagle3_runtime.vllm_server import free_port
+from tests.operator import fakes
 from tests.support.cluster import ApiError, LocalCluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,25 +217,10 @@ def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list
     return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
-# What each stage "reports" when the tests play its pods (numbers are arbitrary but checked).
-TRAIN_CHECKPOINTS = ["50", "100"]
-
-
 def result_for(stage: str, job: str) -> str:
-    if stage == "generate":
-        return stage_result(stage, samples=100, tokens=51200, tokens_per_second=900.0, bad_rows=0)
-    if stage == "extract":
-        return stage_result(stage, samples=100, tokens=51200)
-    if stage == "train":
-        return stage_result(stage, step=100, total_steps=100, loss=1.25, accuracy_per_position=[0.7, 0.5, 0.4],
-                            simulated_acceptance_length=2.1, checkpoints=TRAIN_CHECKPOINTS)  # fmt: skip
-    if stage == "evaluate":
-        step = int(job.rsplit("-", 1)[-1])
-        return stage_result(stage, step=step, acceptance_length=2.0 + step / 250, acceptance_per_position=[0.6, 0.4],
-                            tokens_per_second=120.0, speedup=1.8)  # fmt: skip
-    if stage == "select":
-        return stage_result(stage, step=100, acceptance_length=2.4)
-    return StageResult(stage=stage, artifacts={"draft": "export"}).to_message()
+    if stage == "export":
+        return StageResult(stage=stage, artifacts={"draft": "export"}).to_message()
+    return stage_result(stage, **fakes.stage_metrics(stage, job))
 
 
 STAGE_JOBS = [
