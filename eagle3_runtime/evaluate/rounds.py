@@ -107,9 +107,14 @@ def summarise(runs: dict[str, DomainRun], num_speculative_tokens: int) -> dict:
 
 
 def measure(
-    server_url: str, model: str, domains: dict[str, list[Prompt]], *, num_speculative_tokens: int, max_tokens: int,
+    server_url: str,
+    model: str,
+    domains: dict[str, list[Prompt]],
+    *,
+    num_speculative_tokens: int,
+    max_tokens: int,
     concurrency: int,
-) -> dict:  # fmt: skip
+) -> dict:
     runs = asyncio.run(
         run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
     )
@@ -140,15 +145,24 @@ class Round:
         tokens = sum(r.tokens for r in self.runs.values())
         seconds = sum(r.seconds for r in self.runs.values())
         return {
-            "side": self.side, "started_at": self.started_at, "load_average": self.load_average,
-            "tokens": tokens, "seconds": round(seconds, 3),
+            "side": self.side,
+            "started_at": self.started_at,
+            "load_average": self.load_average,
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
             "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
-        }  # fmt: skip
+        }
 
 
 def measure_round(
-    side: str, server_url: str, model: str, domains: dict[str, list[Prompt]], *, max_tokens: int, concurrency: int
-) -> Round:  # fmt: skip
+    side: str,
+    server_url: str,
+    model: str,
+    domains: dict[str, list[Prompt]],
+    *,
+    max_tokens: int,
+    concurrency: int,
+) -> Round:
     started_at, load = utc_now(), load_average()
     runs = asyncio.run(
         run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
@@ -173,7 +187,9 @@ def pooled(rounds: list[Round]) -> dict[str, DomainRun]:
         for domain, run in round_.runs.items():
             seen = total.get(domain, DomainRun(0, 0, 0.0, SpecCounters()))
             total[domain] = DomainRun(
-                run.prompts, seen.tokens + run.tokens, seen.seconds + run.seconds,
+                run.prompts,
+                seen.tokens + run.tokens,
+                seen.seconds + run.seconds,
                 seen.counters + run.counters,
-            )  # fmt: skip
+            )
     return total

@@ -101,10 +101,13 @@ class PipelineRunner:
             stage="pipeline",
             ok=ok,
             message=message,
-            metrics={"step": selection["step"], "acceptance_length": best,
-                     "seconds": round(time.monotonic() - started, 1)},
+            metrics={
+                "step": selection["step"],
+                "acceptance_length": best,
+                "seconds": round(time.monotonic() - started, 1),
+            },
             artifacts={"export": exported, "report": str(report.relative_to(self.workspace.root))},
-        )  # fmt: skip
+        )
 
     def generate(self) -> None:
         spec = self.training.spec
@@ -115,8 +118,12 @@ class PipelineRunner:
         # command is the same.
         settings = {"max_model_len": spec.target.max_model_len} if spec.target.max_model_len else {}
         target = self.locations.model(spec.target.model, "target")
-        with VLLMServer(target, log_path=self.logs_dir / "generate-vllm.log", served_model_name=spec.target.model,
-                        **settings) as server:  # fmt: skip
+        with VLLMServer(
+            target,
+            log_path=self.logs_dir / "generate-vllm.log",
+            served_model_name=spec.target.model,
+            **settings,
+        ) as server:
             self._stage(self.argv("generate", server=server.url))
             # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
             argv = self.argv("evaluate", step=0)
@@ -141,9 +148,13 @@ class PipelineRunner:
         target_config = load_target_config(target)
         layer_ids = resolve_layer_ids(spec.hidden_states.layer_ids or "auto", target_config.num_hidden_layers)
         server = start_extraction_server(
-            target, layer_ids, target_config.num_hidden_layers, log_path=self.logs_dir / "stream-vllm.log",
-            endpoint=f"tcp://127.0.0.1:{free_port()}", max_model_len=DEFAULT_MAX_LENGTH + 1,
-        )  # fmt: skip
+            target,
+            layer_ids,
+            target_config.num_hidden_layers,
+            log_path=self.logs_dir / "stream-vllm.log",
+            endpoint=f"tcp://127.0.0.1:{free_port()}",
+            max_model_len=DEFAULT_MAX_LENGTH + 1,
+        )
         try:
             self._stage(self.argv("train", server=server.url))
         finally:

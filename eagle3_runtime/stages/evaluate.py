@@ -44,13 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline-server", help="a running vLLM server with the same target and no speculation"
     )
     parser.add_argument(
-        "--baseline", choices=BASELINE_MODES, default="adjacent",
+        "--baseline",
+        choices=BASELINE_MODES,
+        default="adjacent",
         help="how the no-speculation baseline is measured (see `eagle3 evaluate` in docs/pipeline.md)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--rounds", type=int, default=1,
+        "--rounds",
+        type=int,
+        default=1,
         help="candidate/baseline pairs, in ABBA order (needs both servers up: interleaved or --baseline-server)",
-    )  # fmt: skip
+    )
     parser.add_argument("--prompts-per-domain", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=1)

@@ -146,8 +146,14 @@ def _total_steps(args, lengths: list[int], settings: TrainSettings) -> int:
     total = steps_for_epochs(args.epochs, rows, settings.rows_per_step)
     log.info(
         "%d epochs of %d samples (%d tokens, %d rows of %d) at %d rows per step: %d steps",
-        args.epochs, len(lengths), sum(lengths), rows, settings.seq_len, settings.rows_per_step, total,
-    )  # fmt: skip
+        args.epochs,
+        len(lengths),
+        sum(lengths),
+        rows,
+        settings.seq_len,
+        settings.rows_per_step,
+        total,
+    )
     return total
 
 
