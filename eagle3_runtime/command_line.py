@@ -1,12 +1,19 @@
-"""Command lines built as data: `{"--flag": value}` in, argv out, in the dict's order.
+"""Command lines as data, both ways.
 
-A value of None leaves the flag out, True writes it bare (`--no-enable-prefix-caching`),
-anything else is written with `str()`.
+Out: `flags({"--flag": value})` is argv in the dict's order; a value of None leaves the flag
+out, True writes it bare (`--no-enable-prefix-caching`), anything else is written with `str()`.
+In: `config_from_args(Config, args)` is a stage's config dataclass from its parsed flags, one
+field per flag of the same name.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
+from dataclasses import fields
+from typing import TypeVar
+
+Config = TypeVar("Config")
 
 
 def flags(options: Mapping[str, object]) -> list[str]:
@@ -16,3 +23,7 @@ def flags(options: Mapping[str, object]) -> list[str]:
             continue
         argv += [flag] if value is True else [flag, str(value)]
     return argv
+
+
+def config_from_args(config_type: type[Config], args: argparse.Namespace) -> Config:
+    return config_type(**{f.name: getattr(args, f.name) for f in fields(config_type)})

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_runtime.prompt_sources import SourceSpec
@@ -38,11 +37,6 @@ class EvaluateConfig:
                 f"--rounds {self.rounds} alternates candidate and baseline, so both servers must be up: "
                 "use --baseline interleaved (or --server with --baseline-server)"
             )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> EvaluateConfig:
-        """From `eagle3 evaluate`'s parsed flags (each field is the flag of the same name)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from eagle3_runtime import cli, stage_plan
+from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.baseline import measure_baseline
 from eagle3_runtime.evaluate.config import EvaluateConfig
 from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
@@ -127,7 +128,7 @@ class PipelineRunner:
             self._stage(self.argv("generate", server=server.url))
             # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
             argv = self.argv("evaluate", step=0)
-            evaluation = EvaluateConfig.from_args(cli.build_parser(argv).parse_args(argv))
+            evaluation = config_from_args(EvaluateConfig, cli.build_parser(argv).parse_args(argv))
             measure_baseline(evaluation, server.url, spec.target.model)
 
     def train(self) -> None:

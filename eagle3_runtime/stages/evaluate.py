@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
 from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig
 from eagle3_runtime.layout import StageResult
@@ -77,4 +78,4 @@ def evaluation_result(evaluation: dict) -> StageResult:
 
 
 def run(args: argparse.Namespace) -> StageResult:
-    return evaluation_result(evaluate_checkpoint(EvaluateConfig.from_args(args)))
+    return evaluation_result(evaluate_checkpoint(config_from_args(EvaluateConfig, args)))
