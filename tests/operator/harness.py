@@ -217,10 +217,12 @@ def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list
     return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
+EXPORT_DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
 def result_for(stage: str, job: str) -> str:
-    if metrics := fakes.stage_metrics(stage, job):
-        return stage_result(stage, **metrics)
-    return StageResult(stage=stage, artifacts={"draft": "export"}).to_message()  # export, quantize
+    # export and quantize report the published draft's digest (one for both here)
+    return stage_result(stage, **(fakes.stage_metrics(stage, job) or {"digest": EXPORT_DIGEST}))
 
 
 STAGE_JOBS = [
@@ -259,6 +261,16 @@ def wait_stage_succeeded(cluster: LocalCluster, namespace: str, name: str, stage
         return body if stage_record(body, stage).get("state") == "Succeeded" else None
 
     return wait_until(done, timeout=60, interval=0.3, what=f"stage {stage} of {name} to succeed")
+
+
+def wait_for_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    """The DraftTraining once its status.phase is `phase`."""
+
+    def reached() -> dict[str, Any] | None:
+        body = cluster.request("GET", draft_training_path(namespace, name))
+        return body if (body.get("status") or {}).get("phase") == phase else None
+
+    return wait_until(reached, timeout=60, interval=0.3, what=f"{name} phase {phase}")
 
 
 def drive_to_success(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:

@@ -10,6 +10,9 @@ from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 
 from tests.operator import fakes
 
+# export and quantize report the published draft's digest: two, to tell which one the status took
+DIGESTS = {"export": {"digest": "sha256:" + "ab" * 32}, "quantize": {"digest": "sha256:" + "cd" * 32}}
+
 
 class Cluster:
     """Plays API server + Job controller for the planner: stores what it creates, ends Jobs on request."""
@@ -40,7 +43,7 @@ class Cluster:
         stage = job["metadata"]["labels"]["eagle3.ai/stage"]
         name = job["metadata"]["name"]
         if message is None:
-            message = fakes.result(stage, ok, **fakes.stage_metrics(stage, name))
+            message = fakes.result(stage, ok, **(fakes.stage_metrics(stage, name) or DIGESTS.get(stage, {})))
         self.observed.jobs[name] = fakes.finished_job(job, ok=ok)
         phase = "Succeeded" if ok else "Failed"
         self.observed.pods.append(fakes.job_pod(job, phase=phase, message=message, **pod))
@@ -172,7 +175,8 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
         for step, length in ((50, 2.2), (100, 2.4))
     ]
     assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
-    assert status["export"]["uri"] == "pvc://llama-workspace/export"
+    assert status["export"]["uri"] == "pvc://llama-workspace/export/sha256-abababababababab"
+    assert status["export"]["digest"] == "sha256:" + "ab" * 32
     assert _condition(status, "Ready")["status"] == "True"
     assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
     assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
@@ -363,7 +367,7 @@ def test_queue_name_export_claim_and_quantize():
     cluster = Cluster(body)
     plan = cluster.run_to_end()
     assert plan.status["phase"] == "Succeeded"
-    assert plan.status["export"]["uri"] == "pvc://drafts/llama"
+    assert plan.status["export"]["uri"] == "pvc://drafts/llama/sha256-cdcdcdcdcdcdcdcd"
     jobs = cluster.observed.jobs
     assert jobs["llama-train"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert jobs["llama-train"]["spec"]["suspend"] is True
@@ -371,7 +375,7 @@ def test_queue_name_export_claim_and_quantize():
     assert export[export.index("--output") + 1] == "/workspace/export"
     assert export[export.index("--format") + 1] == "speculators"
     quantize = _container(jobs["llama-quantize"])["command"]
-    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/export", "--output", "/export/llama",
+    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/export/latest", "--output", "/export/llama",
                             "--scheme", "fp8"]  # fmt: skip
     first = plan_training(
         fakes.draft_training(storage={"retainOnDelete": False}), TrainingObserved(now=fakes.NOW)
