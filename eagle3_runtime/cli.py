@@ -4,6 +4,11 @@ Each stage lives in `eagle3_runtime.stages.<name>` and provides
 `add_arguments(parser)` and `run(args) -> StageResult`. The CLI imports a stage
 only when it runs, so `eagle3 --help` stays fast and a stage's heavy imports
 (torch, vLLM) never load for another.
+
+The rule for a stage module: argparse -> a config -> one library call -> a StageResult.
+What the stage does lives in the library (`eagle3_runtime.generate`, `.evaluate`, `.train`,
+...), which never imports `stages/`; only `eagle3 pipeline`'s runner comes through this module
+(`build_parser`), to run the very commands the operator's pods run.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from eagle3_runtime.command_line import flags
+
 log = logging.getLogger(__name__)
 
 # Defaults for vLLM's CPU build; a GPU build ignores them.
@@ -80,17 +82,22 @@ class VLLMServer:
         self.log_path = Path(log_path)
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
+        options = {
+            "--model": self.model,
+            "--served-model-name": self.served_model_name,
+            "--host": host,
+            "--port": self.port,
+            "--dtype": dtype,
+            "--max-model-len": max_model_len,
+            "--speculative-config": json.dumps(speculative_config) if speculative_config else None,
+        }
         self.command = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model,
-            "--served-model-name", self.served_model_name,
-            "--host", host,
-            "--port", str(self.port),
-            "--dtype", dtype,
-            "--max-model-len", str(max_model_len),
-            *(["--speculative-config", json.dumps(speculative_config)] if speculative_config else []),
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *flags(options),
             *extra_args,
-        ]  # fmt: skip
+        ]
         self.env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
         self._process: subprocess.Popen | None = None
 

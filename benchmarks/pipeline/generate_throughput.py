@@ -19,9 +19,11 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from eagle3_runtime.generate import GenerateConfig, SamplingSettings, SourceSpec, run_generate
+from eagle3_runtime.generate import GenerateConfig, run_generate
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
+from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.tiny_target import ensure_tiny_target
+from eagle3_runtime.vllm_client import SamplingSettings
 from eagle3_runtime.vllm_server import VLLMServer
 
 SERVED = "tiny"

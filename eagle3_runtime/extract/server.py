@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from eagle3_runtime.command_line import flags
 from eagle3_runtime.vllm_server import VLLMServer
 
 CONNECTOR_MODULE = "eagle3_runtime.connectors.hidden_states"
@@ -61,8 +62,13 @@ def extraction_server_args(
         "kv_connector_extra_config": extra_config,
     }
     # Whole prompts in one step and no shared prefix blocks: every request captures all its tokens.
-    args = ["--kv-transfer-config", json.dumps(kv_transfer), "--no-enable-chunked-prefill",
-            "--no-enable-prefix-caching"]  # fmt: skip
+    args = flags(
+        {
+            "--kv-transfer-config": json.dumps(kv_transfer),
+            "--no-enable-chunked-prefill": True,
+            "--no-enable-prefix-caching": True,
+        }
+    )
     return speculative, args
 
 
@@ -83,9 +89,15 @@ def start_extraction_server(
         layer_ids, num_hidden_layers, storage_dir=storage_dir, endpoint=endpoint
     )
     server = VLLMServer(
-        target, log_path=log_path, served_model_name=served_model_name, max_model_len=max_model_len,
-        speculative_config=speculative, extra_args=args, host=host, port=port,
-    )  # fmt: skip
+        target,
+        log_path=log_path,
+        served_model_name=served_model_name,
+        max_model_len=max_model_len,
+        speculative_config=speculative,
+        extra_args=args,
+        host=host,
+        port=port,
+    )
     return server.start()
 
 

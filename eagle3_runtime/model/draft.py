@@ -159,14 +159,13 @@ class Eagle3Draft(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
-    def forward(self, batch, *, loss_fn=None, **loss_options):
+    def forward(self, batch, *, loss_fn, **loss_options):
         """The whole TTT unroll and loss in one call (FSDP2 gathers parameters around forward).
 
-        `loss_fn`: `ttt_loss` or its compiled form (`compiled_ttt_loss`).
+        `loss_fn`: `model.loss.ttt_loss` or its compiled form; passed in, so the draft does
+        not know the loss (the loss knows the draft).
         """
-        from eagle3_runtime.model.loss import ttt_loss
-
-        return (loss_fn or ttt_loss)(self, batch, **loss_options)
+        return loss_fn(self, batch, **loss_options)
 
 
 def init_weights(model: Eagle3Draft, seed: int) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from eagle3_operator.api.draft_training import DraftTraining
 
+from eagle3_runtime.evaluate.evaluations import checkpoint_evaluations
 from eagle3_runtime.layout import Workspace
-from eagle3_runtime.stages.select import checkpoint_evaluations
 from eagle3_runtime.train.trainer import METRICS_FILE
 
 
@@ -118,8 +118,13 @@ def write_report(workspace: Workspace, training: DraftTraining) -> Path:
         )
     best = next((e for e in evaluations if e["step"] == selection.get("step")), None)
     if best:
-        lines += ["", f"Selected step {best['step']}, per domain:", "", "| domain | acceptance length | prompts |",
-                  "| --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"Selected step {best['step']}, per domain:",
+            "",
+            "| domain | acceptance length | prompts |",
+            "| --- | --- | --- |",
+        ]
         for domain, numbers in sorted(best["per_domain"].items()):
             lines.append(f"| {domain} | {_fmt(numbers['acceptance_length'])} | {numbers['prompts']} |")
     if best and best.get("baseline_tokens_per_second"):

@@ -13,9 +13,12 @@ import time
 from pathlib import Path
 
 from eagle3_runtime import cli, stage_plan
+from eagle3_runtime.command_line import config_from_args
+from eagle3_runtime.evaluate.baseline import measure_baseline
+from eagle3_runtime.evaluate.config import EvaluateConfig
 from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
 from eagle3_runtime.pipeline.config import PipelineConfig
-from eagle3_runtime.stages.train import finished_training
+from eagle3_runtime.train.checkpoint import finished_training
 from eagle3_runtime.vllm_server import VLLMServer
 
 log = logging.getLogger(__name__)
@@ -99,10 +102,13 @@ class PipelineRunner:
             stage="pipeline",
             ok=ok,
             message=message,
-            metrics={"step": selection["step"], "acceptance_length": best,
-                     "seconds": round(time.monotonic() - started, 1)},
+            metrics={
+                "step": selection["step"],
+                "acceptance_length": best,
+                "seconds": round(time.monotonic() - started, 1),
+            },
             artifacts={"export": exported, "report": str(report.relative_to(self.workspace.root))},
-        )  # fmt: skip
+        )
 
     def generate(self) -> None:
         spec = self.training.spec
@@ -113,16 +119,17 @@ class PipelineRunner:
         # command is the same.
         settings = {"max_model_len": spec.target.max_model_len} if spec.target.max_model_len else {}
         target = self.locations.model(spec.target.model, "target")
-        with VLLMServer(target, log_path=self.logs_dir / "generate-vllm.log", served_model_name=spec.target.model,
-                        **settings) as server:  # fmt: skip
+        with VLLMServer(
+            target,
+            log_path=self.logs_dir / "generate-vllm.log",
+            served_model_name=spec.target.model,
+            **settings,
+        ) as server:
             self._stage(self.argv("generate", server=server.url))
             # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
-            from eagle3_runtime.stages.evaluate import measure_baseline
-
             argv = self.argv("evaluate", step=0)
-            measure_baseline(
-                self.workspace, server.url, spec.target.model, cli.build_parser(argv).parse_args(argv)
-            )
+            evaluation = config_from_args(EvaluateConfig, cli.build_parser(argv).parse_args(argv))
+            measure_baseline(evaluation, server.url, spec.target.model)
 
     def train(self) -> None:
         spec = self.training.spec
@@ -142,9 +149,13 @@ class PipelineRunner:
         target_config = load_target_config(target)
         layer_ids = resolve_layer_ids(spec.hidden_states.layer_ids or "auto", target_config.num_hidden_layers)
         server = start_extraction_server(
-            target, layer_ids, target_config.num_hidden_layers, log_path=self.logs_dir / "stream-vllm.log",
-            endpoint=f"tcp://127.0.0.1:{free_port()}", max_model_len=DEFAULT_MAX_LENGTH + 1,
-        )  # fmt: skip
+            target,
+            layer_ids,
+            target_config.num_hidden_layers,
+            log_path=self.logs_dir / "stream-vllm.log",
+            endpoint=f"tcp://127.0.0.1:{free_port()}",
+            max_model_len=DEFAULT_MAX_LENGTH + 1,
+        )
         try:
             self._stage(self.argv("train", server=server.url))
         finally:

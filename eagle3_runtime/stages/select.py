@@ -3,45 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
+from eagle3_runtime.evaluate.evaluations import select_best
+from eagle3_runtime.layout import StageResult, Workspace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, type=Path)
 
 
-def checkpoint_evaluations(workspace: Workspace) -> list[dict]:
-    """Every evaluation of a training checkpoint, by step."""
-    evaluations = []
-    for path in sorted(workspace.evaluations_dir.glob("step-*.json")):
-        evaluation = json.loads(path.read_text())
-        if evaluation.get("acceptance_length") is not None:
-            evaluations.append(evaluation)
-    return sorted(evaluations, key=lambda e: e["step"])
-
-
 def run(args: argparse.Namespace) -> StageResult:
-    workspace = Workspace(args.workspace)
-    evaluations = checkpoint_evaluations(workspace)
-    if not evaluations:
-        raise FileNotFoundError(
-            f"no checkpoint evaluations in {workspace.evaluations_dir}: run `eagle3 evaluate` first"
-        )
-    # Highest measured acceptance wins; on a tie the earlier (less trained, equally good) step.
-    best = max(evaluations, key=lambda e: (e["acceptance_length"], -e["step"]))
-    selection = {
-        "step": best["step"],
-        "acceptance_length": best["acceptance_length"],
-        "speedup": best.get("speedup"),
-        "candidates": {str(e["step"]): e["acceptance_length"] for e in evaluations},
-    }
-    write_json_atomic(workspace.selection_file, selection)
+    selection, evaluated = select_best(Workspace(args.workspace))
     return StageResult(
         stage="select",
-        message=f"step {best['step']} of {len(evaluations)} evaluated checkpoints",
-        metrics={"step": best["step"], "acceptance_length": best["acceptance_length"]},
+        message=f"step {selection['step']} of {evaluated} evaluated checkpoints",
+        metrics={"step": selection["step"], "acceptance_length": selection["acceptance_length"]},
         artifacts={"selection": "selection.json"},
     )

@@ -31,6 +31,25 @@ def complete_checkpoints(workspace: Workspace) -> list[int]:
     return sorted(steps)
 
 
+def finished_training(workspace: Workspace, steps: int | None, epochs: int | None) -> dict | None:
+    """The last checkpoint's manifest when it completes this training, else None.
+
+    Asked in epochs, the total is the one derived when the training started (its manifest's
+    settings), so a finished run is recognised without reading the dataset again.
+    """
+    done = complete_checkpoints(workspace)
+    if not done:
+        return None
+    manifest = json.loads((workspace.checkpoint_dir(done[-1]) / MANIFEST).read_text())
+    settings = manifest.get("settings", {})
+    total = (
+        steps if steps is not None else (settings.get("steps") if settings.get("epochs") == epochs else None)
+    )
+    if total is None or done[-1] < total:
+        return None
+    return {**manifest, "settings": {**settings, "steps": total, "epochs": epochs}, "checkpoints": done}
+
+
 def write_checkpoint(
     workspace: Workspace,
     step: int,

@@ -90,3 +90,36 @@ def job_pod(job: dict[str, Any], *, phase: str, message: str | None, reason: str
 
 def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> str:
     return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()
+
+
+# What each stage "reports" when the tests play its pods (numbers are arbitrary but checked).
+TRAIN_CHECKPOINTS = ["50", "100"]
+
+
+def stage_metrics(stage: str, job: str) -> dict[str, Any]:
+    """The metrics of the stage Job `job` (an evaluate Job's name ends in its step)."""
+    if stage == "generate":
+        return {"samples": 100, "tokens": 51200, "tokens_per_second": 900.0, "bad_rows": 0}
+    if stage == "extract":
+        return {"samples": 100, "tokens": 51200}
+    if stage == "train":
+        return {
+            "step": 100,
+            "total_steps": 100,
+            "loss": 1.25,
+            "accuracy_per_position": [0.7, 0.5, 0.4],
+            "simulated_acceptance_length": 2.1,
+            "checkpoints": TRAIN_CHECKPOINTS,
+        }
+    if stage == "evaluate":
+        step = int(job.rsplit("-", 1)[-1])
+        return {
+            "step": step,
+            "acceptance_length": 2.0 + step / 250,
+            "acceptance_per_position": [0.6, 0.4],
+            "tokens_per_second": 120.0,
+            "speedup": 1.8,
+        }
+    if stage == "select":
+        return {"step": 100, "acceptance_length": 2.4}
+    return {}

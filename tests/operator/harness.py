@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from eagle3_operator.reconcile.training import TrainingObserved, TrainingPlanner
 from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_runtime.layout import StageResult
+from eagle3_runtime.vllm_server import free_port
+from tests.operator import fakes
 from tests.support.cluster import ApiError, LocalCluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,12 +35,6 @@ WATCHED_RESOURCES = {
     "drafttrainings", "specdecodedeployments", "jobs", "pods", "deployments", "services",
     "persistentvolumeclaims", "events", "servicemonitors", "podmonitors",
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def install_crds(cluster: LocalCluster) -> None:
@@ -222,26 +217,12 @@ def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list
     return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
-# What each stage "reports" when the tests play its pods (numbers are arbitrary but checked).
-TRAIN_CHECKPOINTS = ["50", "100"]
 EXPORT_DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 def result_for(stage: str, job: str) -> str:
-    if stage == "generate":
-        return stage_result(stage, samples=100, tokens=51200, tokens_per_second=900.0, bad_rows=0)
-    if stage == "extract":
-        return stage_result(stage, samples=100, tokens=51200)
-    if stage == "train":
-        return stage_result(stage, step=100, total_steps=100, loss=1.25, accuracy_per_position=[0.7, 0.5, 0.4],
-                            simulated_acceptance_length=2.1, checkpoints=TRAIN_CHECKPOINTS)  # fmt: skip
-    if stage == "evaluate":
-        step = int(job.rsplit("-", 1)[-1])
-        return stage_result(stage, step=step, acceptance_length=2.0 + step / 250, acceptance_per_position=[0.6, 0.4],
-                            tokens_per_second=120.0, speedup=1.8)  # fmt: skip
-    if stage == "select":
-        return stage_result(stage, step=100, acceptance_length=2.4)
-    return StageResult(stage=stage, metrics={"digest": EXPORT_DIGEST}).to_message()
+    # export and quantize report the published draft's digest (one for both here)
+    return stage_result(stage, **(fakes.stage_metrics(stage, job) or {"digest": EXPORT_DIGEST}))
 
 
 STAGE_JOBS = [

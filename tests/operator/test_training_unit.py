@@ -10,21 +10,8 @@ from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 
 from tests.operator import fakes
 
-RESULTS = {
-    "generate": {"samples": 100, "tokens": 51200, "tokens_per_second": 900.0, "bad_rows": 0},
-    "extract": {"samples": 100, "tokens": 51200},
-    "train": {
-        "step": 100,
-        "total_steps": 100,
-        "loss": 1.5,
-        "accuracy_per_position": [0.7, 0.5, 0.4],
-        "simulated_acceptance_length": 2.1,
-        "checkpoints": ["50", "100"],
-    },  # fmt: skip
-    "select": {"step": 100, "acceptance_length": 2.4},
-    "export": {"digest": "sha256:" + "ab" * 32},
-    "quantize": {"digest": "sha256:" + "cd" * 32},
-}
+# export and quantize report the published draft's digest: two, to tell which one the status took
+DIGESTS = {"export": {"digest": "sha256:" + "ab" * 32}, "quantize": {"digest": "sha256:" + "cd" * 32}}
 
 
 class Cluster:
@@ -54,17 +41,9 @@ class Cluster:
 
     def finish(self, job: dict, *, ok: bool = True, message: str | None = None, **pod) -> None:
         stage = job["metadata"]["labels"]["eagle3.ai/stage"]
-        if message is None:
-            metrics = RESULTS.get(stage, {})
-            if stage == "evaluate":
-                step = int(job["metadata"]["name"].rsplit("-", 1)[-1])
-                metrics = {
-                    "step": step,
-                    "acceptance_length": 2.0 + step / 250,
-                    "acceptance_per_position": [0.6, 0.4],
-                }
-            message = fakes.result(stage, ok, **metrics)
         name = job["metadata"]["name"]
+        if message is None:
+            message = fakes.result(stage, ok, **(fakes.stage_metrics(stage, name) or DIGESTS.get(stage, {})))
         self.observed.jobs[name] = fakes.finished_job(job, ok=ok)
         phase = "Succeeded" if ok else "Failed"
         self.observed.pods.append(fakes.job_pod(job, phase=phase, message=message, **pod))
@@ -186,8 +165,14 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
     assert cluster.created == ["llama-generate", "llama-extract", "llama-train", "llama-eval-50", "llama-eval-100",
                                "llama-select", "llama-export"]  # fmt: skip
     assert status["checkpoints"] == [
-        {"step": 50, "acceptanceLength": 2.2, "acceptancePerPosition": [0.6, 0.4]},
-        {"step": 100, "acceptanceLength": 2.4, "acceptancePerPosition": [0.6, 0.4]},
+        {
+            "step": step,
+            "acceptanceLength": length,
+            "acceptancePerPosition": [0.6, 0.4],
+            "tokensPerSecond": 120.0,
+            "speedup": 1.8,
+        }
+        for step, length in ((50, 2.2), (100, 2.4))
     ]
     assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
     assert status["export"]["uri"] == "pvc://llama-workspace/export/sha256-abababababababab"
@@ -196,7 +181,7 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
     assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
     assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
     train = next(s for s in status["stages"] if s["name"] == "train")
-    assert train["metrics"]["loss"] == 1.5
+    assert train["metrics"]["loss"] == 1.25
 
 
 def test_stage_pods_get_gpus_and_rocm_settings_where_they_load_the_target():

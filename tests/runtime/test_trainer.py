@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from eagle3_runtime.target import TargetHead
 from eagle3_runtime.train.distributed import init_distributed
 from eagle3_runtime.train.synthetic import synthetic_samples, synthetic_target
 from eagle3_runtime.train.trainer import METRICS_FILE, DraftTrainer, TrainSettings
+from eagle3_runtime.vllm_server import free_port
 
 VOCAB, HIDDEN = 64, 32
 
@@ -112,17 +112,11 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     assert (tmp_path / "resumed/checkpoints/step-00000006/config.json").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_world(world_size: int, out: Path) -> dict[int, float]:
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(world_size),
         "OMP_NUM_THREADS": "1",
     }

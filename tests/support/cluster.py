@@ -58,7 +58,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -75,6 +74,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from eagle3_runtime.vllm_server import free_port
 from tests.support import realnode, testbed_kwok, testbed_pki
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -172,12 +172,6 @@ def find_bin_dir(
     if missing:
         raise ClusterError(f"binaries {missing} missing in {bin_dir}; run {script}")
     return bin_dir
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _open(request: str | urllib.request.Request, context: ssl.SSLContext | None, timeout: float):
@@ -344,7 +338,7 @@ class LocalCluster:
             "kwok": ca.issue("kwok", "kwok", organization="system:masters"),
         }
         self.ports = {
-            name: _free_port()
+            name: free_port()
             for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
         }
         self.server = f"https://{api_host}:{self.ports['apiserver']}"

@@ -83,8 +83,8 @@ def test_port_taken_between_pick_and_bind_is_picked_again(monkeypatch):
         squatter.listen()
         taken = squatter.getsockname()[1]
         picks = iter([taken])
-        pick_free_port = cluster_module._free_port
-        monkeypatch.setattr(cluster_module, "_free_port", lambda: next(picks, None) or pick_free_port())
+        pick_free_port = cluster_module.free_port
+        monkeypatch.setattr(cluster_module, "free_port", lambda: next(picks, None) or pick_free_port())
 
         with LocalCluster(gpu_nodes=1, cpu_nodes=0) as cluster:
             assert cluster.ports["etcd"] != taken

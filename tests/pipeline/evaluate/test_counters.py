@@ -1,15 +1,10 @@
-"""Acceptance from vLLM's /metrics text, and checkpoint selection (no server needed)."""
+"""Acceptance from vLLM's /metrics text (no server needed)."""
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import pytest
 
-from eagle3_runtime.evaluate import parse_spec_counters
-from eagle3_runtime.layout import Workspace
-from eagle3_runtime.stages import select
+from eagle3_runtime.evaluate.counters import parse_spec_counters
 
 METRICS = """\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -53,20 +48,3 @@ def test_no_drafts_means_no_acceptance():
         "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 5.0\n"
     )
     assert counters.acceptance_length is None and counters.acceptance_per_position(3) == []
-
-
-def test_select_takes_the_best_measured_checkpoint_earliest_on_a_tie(tmp_path):
-    workspace = Workspace(tmp_path)
-    workspace.evaluations_dir.mkdir(parents=True)
-    for step, length in ((60, 2.1), (120, 2.7), (180, 2.7)):
-        workspace.evaluation_file(step).write_text(json.dumps({"step": step, "acceptance_length": length}))
-    (workspace.evaluations_dir / "baseline-x.json").write_text(json.dumps({"acceptance_length": None}))
-    result = select.run(argparse.Namespace(workspace=tmp_path))
-    assert result.metrics == {"step": 120, "acceptance_length": 2.7}
-    selection = json.loads(workspace.selection_file.read_text())
-    assert selection["candidates"] == {"60": 2.1, "120": 2.7, "180": 2.7}
-
-
-def test_select_without_evaluations_says_what_to_run(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run `eagle3 evaluate` first"):
-        select.run(argparse.Namespace(workspace=tmp_path))

@@ -1,8 +1,7 @@
-"""Measure a draft in vLLM: acceptance from the server's own `/metrics`, and speedup over no speculation.
+"""A prompt set run against a vLLM server, domain by domain, and rounds of such runs.
 
-The prompts run domain by domain; the `vllm:spec_decode_*` counters are read before and after
-each domain, so the deltas give that domain's mean acceptance length (`1 + accepted / drafts`)
-and per-position acceptance (`accepted_at[i] / drafts`). The same prompts on a server without
+The `vllm:spec_decode_*` counters (`counters`) are read before and after each domain, so the
+deltas give that domain's acceptance. The same prompts on a server without
 speculation give the baseline throughput; both runs use greedy decoding and one concurrency.
 
 A speedup compares like with like only when both sides run under the same machine load, so a
@@ -17,98 +16,16 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 
-from eagle3_runtime.generate import (
-    Prompt,
-    RetryPolicy,
-    SamplingSettings,
-    SourceSpec,
-    generate_one,
-    load_prompts,
-)
-from eagle3_runtime.layout import content_hash
+from eagle3_runtime.evaluate.counters import SpecCounters, read_spec_counters
+from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts
+from eagle3_runtime.vllm_client import RetryPolicy, SamplingSettings, generate_one
 
 log = logging.getLogger(__name__)
-
-SPEC_COUNTERS = {
-    "drafts": "vllm:spec_decode_num_drafts",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "accepted": "vllm:spec_decode_num_accepted_tokens",
-}
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
-
-
-@dataclass
-class SpecCounters:
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    accepted_per_position: dict[int, float] = field(default_factory=dict)
-
-    def __sub__(self, other: SpecCounters) -> SpecCounters:
-        positions = self.accepted_per_position.keys() | other.accepted_per_position.keys()
-        return SpecCounters(
-            self.drafts - other.drafts,
-            self.draft_tokens - other.draft_tokens,
-            self.accepted - other.accepted,
-            {
-                p: self.accepted_per_position.get(p, 0) - other.accepted_per_position.get(p, 0)
-                for p in positions
-            },
-        )
-
-    def __add__(self, other: SpecCounters) -> SpecCounters:
-        positions = self.accepted_per_position.keys() | other.accepted_per_position.keys()
-        return SpecCounters(
-            self.drafts + other.drafts,
-            self.draft_tokens + other.draft_tokens,
-            self.accepted + other.accepted,
-            {
-                p: self.accepted_per_position.get(p, 0) + other.accepted_per_position.get(p, 0)
-                for p in positions
-            },
-        )
-
-    @property
-    def acceptance_length(self) -> float | None:
-        return 1 + self.accepted / self.drafts if self.drafts else None
-
-    def acceptance_per_position(self, num_speculative_tokens: int) -> list[float]:
-        if not self.drafts:
-            return []
-        return [self.accepted_per_position.get(i, 0) / self.drafts for i in range(num_speculative_tokens)]
-
-
-def parse_spec_counters(metrics_text: str) -> SpecCounters:
-    """Sum the speculative-decoding counters over every engine and model label set."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counters = SpecCounters()
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if not sample.name.endswith("_total"):
-                continue
-            name = sample.name.removesuffix("_total")
-            if name == PER_POSITION:
-                position = int(sample.labels["position"])
-                counters.accepted_per_position[position] = (
-                    counters.accepted_per_position.get(position, 0) + sample.value
-                )
-            for attribute, metric in SPEC_COUNTERS.items():
-                if name == metric:
-                    setattr(counters, attribute, getattr(counters, attribute) + sample.value)
-    return counters
-
-
-async def read_spec_counters(client: httpx.AsyncClient) -> SpecCounters:
-    response = await client.get("/metrics", timeout=60)
-    response.raise_for_status()
-    return parse_spec_counters(response.text)
 
 
 @dataclass
@@ -165,11 +82,6 @@ def prompt_domains(sources: list[SourceSpec], per_domain: int) -> dict[str, list
     return dict(sorted(domains.items()))
 
 
-def prompt_set_key(sources: list[SourceSpec], per_domain: int, max_tokens: int, concurrency: int) -> str:
-    """Identifies a prompt set + settings, so a baseline measured once is reused for every checkpoint."""
-    return content_hash([[asdict(s) for s in sources], per_domain, max_tokens, concurrency])
-
-
 def summarise(runs: dict[str, DomainRun], num_speculative_tokens: int) -> dict:
     total = sum((r.counters for r in runs.values()), SpecCounters())
     tokens = sum(r.tokens for r in runs.values())
@@ -195,9 +107,14 @@ def summarise(runs: dict[str, DomainRun], num_speculative_tokens: int) -> dict:
 
 
 def measure(
-    server_url: str, model: str, domains: dict[str, list[Prompt]], *, num_speculative_tokens: int, max_tokens: int,
+    server_url: str,
+    model: str,
+    domains: dict[str, list[Prompt]],
+    *,
+    num_speculative_tokens: int,
+    max_tokens: int,
     concurrency: int,
-) -> dict:  # fmt: skip
+) -> dict:
     runs = asyncio.run(
         run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
     )
@@ -228,15 +145,24 @@ class Round:
         tokens = sum(r.tokens for r in self.runs.values())
         seconds = sum(r.seconds for r in self.runs.values())
         return {
-            "side": self.side, "started_at": self.started_at, "load_average": self.load_average,
-            "tokens": tokens, "seconds": round(seconds, 3),
+            "side": self.side,
+            "started_at": self.started_at,
+            "load_average": self.load_average,
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
             "tokens_per_second": round(tokens / seconds, 2) if seconds else None,
-        }  # fmt: skip
+        }
 
 
 def measure_round(
-    side: str, server_url: str, model: str, domains: dict[str, list[Prompt]], *, max_tokens: int, concurrency: int
-) -> Round:  # fmt: skip
+    side: str,
+    server_url: str,
+    model: str,
+    domains: dict[str, list[Prompt]],
+    *,
+    max_tokens: int,
+    concurrency: int,
+) -> Round:
     started_at, load = utc_now(), load_average()
     runs = asyncio.run(
         run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
@@ -261,11 +187,9 @@ def pooled(rounds: list[Round]) -> dict[str, DomainRun]:
         for domain, run in round_.runs.items():
             seen = total.get(domain, DomainRun(0, 0, 0.0, SpecCounters()))
             total[domain] = DomainRun(
-                run.prompts, seen.tokens + run.tokens, seen.seconds + run.seconds,
+                run.prompts,
+                seen.tokens + run.tokens,
+                seen.seconds + run.seconds,
                 seen.counters + run.counters,
-            )  # fmt: skip
+            )
     return total
-
-
-def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:
-    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": num_speculative_tokens}

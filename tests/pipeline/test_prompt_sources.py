@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from eagle3_runtime.generate import SourceSpec, load_prompts
+from eagle3_runtime.prompt_sources import SourceSpec, load_prompts
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 CALL = {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "oslo"}'}}

@@ -1,0 +1,54 @@
+"""What `eagle3 evaluate` measures and how (its flags, one field each), and the vLLM servers it starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3_runtime.prompt_sources import SourceSpec
+from eagle3_runtime.vllm_server import VLLMServer
+
+SERVED_NAME = "target"
+BASELINE_MODES = ("adjacent", "interleaved", "cached")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    workspace: Path
+    target: str  # Hugging Face id or local directory
+    checkpoint: str  # step-N (a training checkpoint) or a draft directory
+    prompts: list[SourceSpec]
+    num_speculative_tokens: int
+    server: str | None  # a running vLLM server with the target and this draft
+    baseline_server: str | None  # a running vLLM server with the target and no speculation
+    baseline: str  # one of BASELINE_MODES
+    rounds: int  # candidate/baseline pairs, in ABBA order
+    prompts_per_domain: int
+    max_tokens: int
+    concurrency: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"--rounds {self.rounds}: must be at least 1")
+        both_up = self.baseline_server if self.server else self.baseline == "interleaved"
+        if self.rounds > 1 and not both_up:
+            raise ValueError(
+                f"--rounds {self.rounds} alternates candidate and baseline, so both servers must be up: "
+                "use --baseline interleaved (or --server with --baseline-server)"
+            )
+
+
+def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:
+    return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": num_speculative_tokens}
+
+
+def target_server(config: EvaluateConfig, log_name: str, draft: Path | None) -> VLLMServer:
+    """The target under vLLM: speculating with `draft`, or without speculation (the baseline)."""
+    return VLLMServer(
+        config.target,
+        log_path=Path(config.workspace) / "logs" / f"{log_name}.log",
+        served_model_name=SERVED_NAME,
+        max_model_len=config.max_model_len,
+        speculative_config=speculative_config(draft, config.num_speculative_tokens) if draft else None,
+    )
