@@ -122,12 +122,14 @@ def installed(
     release: str,
     values: dict[str, Any] | None = None,
     monitoring: bool = True,
+    data_claim: bool = True,
 ) -> Iterator[Installation]:
     """helm install (monitors and rules on unless not `monitoring`, plus `values`) and the operator
     started with the chart's ServiceAccount.
 
     mode "namespaced" lists the work namespace in watchNamespaces; "cluster-wide" only gives it the
-    runtime ServiceAccount (runtime.namespaces).
+    runtime ServiceAccount (runtime.namespaces). data_claim: bind the DATA_CLAIM PVC (for the played
+    stage pods); without it the test makes its own claims.
     """
     work = cluster.create_namespace(manual=True)  # stage pods stay Running until the test ends them
     system = cluster.create_namespace()
@@ -142,7 +144,8 @@ def installed(
         )  # fmt: skip
         as_operator = AsServiceAccount(cluster, system, f"{release}-eagle3-operator", tmp_path)
         as_runtime = AsServiceAccount(cluster, work, RUNTIME_ACCOUNT, tmp_path)
-        bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
+        if data_claim:
+            bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
         # Leader election as the chart's Deployment runs it: the Lease in the release's namespace.
         election = ("--leader-elect", f"--leader-elect-resource-name={release}-eagle3-operator",
                     f"--leader-elect-resource-namespace={system}")  # fmt: skip
