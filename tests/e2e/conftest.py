@@ -17,10 +17,17 @@ from tests.support.cluster import LocalCluster
 def e2e_installation(
     cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Installation]:
-    """The chart installed (release e2e, namespaced to its work namespace), operator running."""
+    """The chart installed (release e2e, namespaced to its work namespace), operator running. Without
+    monitors: the monitoring CRDs are served only inside a test that asks for them (other tests
+    expect none), and this installation lives for the whole session."""
     cluster.check_running("installing the chart for the end-to-end tests")
     with installed(
-        cluster, tmp_path_factory.mktemp("e2e-install"), mode="namespaced", release="e2e", data_claim=False
+        cluster,
+        tmp_path_factory.mktemp("e2e-install"),
+        mode="namespaced",
+        release="e2e",
+        monitoring=False,
+        data_claim=False,
     ) as installation:
         yield installation
 
