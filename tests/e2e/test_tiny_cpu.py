@@ -15,6 +15,7 @@ import pytest
 import yaml
 from eagle3_operator.api.draft_training import DraftTraining
 
+from eagle3_runtime.layout import Workspace
 from eagle3_runtime.stage_plan import checkpoints_to_evaluate
 from tests.e2e.tiny_cpu import EXAMPLE, SERVED_MODEL, ServedDraft, TrainingRun, run_in_pod, say
 from tests.support import realnode
@@ -26,14 +27,18 @@ def evaluation_summary(run: TrainingRun) -> str:
     """Per checkpoint: step, acceptance, per position, per domain (from the evaluate pods' own report
     files in the workspace volume), speedup."""
     lines = [f"evaluation of {run.name} on the real node (namespace {run.namespace}):"]
+    workspace = Workspace(run.workspace)
     for checkpoint in run.status["checkpoints"]:
         step = checkpoint["step"]
-        report = json.loads((run.workspace / "evaluations" / f"step-{step:08d}.json").read_text())
-        domains = ", ".join(f"{d} {v['acceptance_length']:.2f}" for d, v in sorted(report["domains"].items()))
+        report = json.loads(workspace.evaluation_file(step).read_text())
+        domains = ", ".join(
+            f"{d} {v['acceptance_length']:.2f}" for d, v in sorted(report["per_domain"].items())
+        )
         positions = ", ".join(f"{p:.2f}" for p in checkpoint["acceptancePerPosition"])
+        speedup = checkpoint.get("speedup")
         lines.append(
             f"  step {step:4d}: acceptance length {checkpoint['acceptanceLength']:.3f}; per position {positions}; "
-            f"per domain {domains}; speedup {checkpoint.get('speedup', float('nan')):.2f}"
+            f"per domain {domains}; speedup {'n/a' if speedup is None else f'{speedup:.2f}'}"
         )
     best = run.status["bestCheckpoint"]
     lines.append(f"  best: step {best['step']}, acceptance length {best['acceptanceLength']:.3f}")
@@ -76,14 +81,12 @@ def test_kubectl_apply_trains_a_draft_with_real_pods(request, tiny_cpu_training:
     best = status["bestCheckpoint"]
     assert best["acceptanceLength"] == max(c["acceptanceLength"] for c in status["checkpoints"])
     assert best["acceptanceLength"] >= ACCEPTANCE_BAR, evaluation_summary(run)
-    exported = (
-        run.workspace / status["export"]["path"]
-        if status["export"]["claimName"] == status["workspaceClaim"]
-        else None
-    )
-    assert exported is None or (exported / "config.json").exists(), exported
+    # The example exports into its workspace claim: the draft is on the volume, where status says.
+    export = status["export"]
+    assert export["claimName"] == status["workspaceClaim"], export
+    assert (run.workspace / export["path"] / "config.json").is_file(), export
 
-    # The stage pods ran on the real node, as the runtime ServiceAccount.
+    # The stage pods ran on the real node.
     pods = cluster.request("GET", f"/api/v1/namespaces/{run.namespace}/pods")["items"]
     stage_pods = [p for p in pods if (p["metadata"].get("labels") or {}).get("eagle3.ai/stage")]
     assert {p["metadata"]["labels"]["eagle3.ai/stage"] for p in stage_pods} >= {
