@@ -60,7 +60,9 @@ class AsServiceAccount:
         if bound_pod:
             token = pod_bound_token(cluster, namespace, account, bound_pod)
         else:
-            token = cluster.service_account_token(namespace, account, expiration_s=3600)
+            # Valid for the whole test session: the end-to-end operator runs for more than an hour on
+            # a loaded machine.
+            token = cluster.service_account_token(namespace, account, expiration_s=6 * 3600)
         self.cluster = cluster
         self.namespace, self.account, self.workdir = namespace, account, workdir
         self.kubeconfig = workdir / f"{namespace}-{account}{'-' + bound_pod if bound_pod else ''}.kubeconfig"

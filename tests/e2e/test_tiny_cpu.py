@@ -47,7 +47,7 @@ def evaluation_summary(run: TrainingRun) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(5400)  # the session training included (tiny_cpu.TRAINING_TIMEOUT_S)
 def test_kubectl_apply_trains_a_draft_with_real_pods(request, tiny_cpu_training: TrainingRun):
     run, status = tiny_cpu_training, tiny_cpu_training.status
     cluster = run.installation.as_runtime.cluster
