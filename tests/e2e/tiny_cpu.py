@@ -129,9 +129,11 @@ def patched_example(cluster: LocalCluster) -> str:
 
 def columns(line: str, header: str) -> dict[str, str]:
     """One `kubectl get` line split by its header's column starts."""
-    names = header.split()
-    starts = [header.index(name) for name in names] + [None]
-    return {n: line[starts[i] : starts[i + 1]].strip() for i, n in enumerate(names)}
+    names, starts = header.split(), []
+    for name in names:  # in order: "AGE" is also inside "STAGE"
+        starts.append(header.index(name, starts[-1] + 1 if starts else 0))
+    bounds = [*starts, None]
+    return {n: line[bounds[i] : bounds[i + 1]].strip() for i, n in enumerate(names)}
 
 
 def diagnosis(cluster: LocalCluster, namespace: str) -> str:
