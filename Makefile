@@ -19,6 +19,7 @@ test: ## install what is missing (env, test bed, tiny target), then run the whol
 	@hack/system-deps.sh
 	@bin=$$(hack/build-testbed.sh) && node=$$(hack/build-node.sh) && venv=$$(hack/python-env.sh) && \
 	  EAGLE3_MONITORING_CRDS=$$(hack/build-monitoring-crds.sh) && export EAGLE3_MONITORING_CRDS && \
+	  EAGLE3_PROMETHEUS_BIN=$$(hack/build-prometheus.sh) && export EAGLE3_PROMETHEUS_BIN && \
 	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
 	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest $(PYTEST_ARGS)

@@ -11,17 +11,23 @@ them then) and never carry the embeddings (vLLM shares the target's).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagle3_runtime.layout import LATEST_EXPORT, export_version, write_json_atomic
 from eagle3_runtime.model.config import draft_config_dict
 
 WEIGHTS_FILE = "model.safetensors"
+# Beside the draft's files in a published export: its digest and what it was made from.
+EXPORT_MANIFEST = "eagle3-export.json"
 SKIPPED_PREFIXES = ("embed_tokens.", "rotary_emb.")
 
 
@@ -118,3 +124,41 @@ def copy_draft_dir(source: Path, out: Path, *, dtype: torch.dtype = torch.bfloat
     cast = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
     save_file(cast, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     return out
+
+
+def draft_digest(directory: Path) -> str:
+    """sha256 over every file of a draft directory (names and contents, the manifest left out)."""
+    outer = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name != EXPORT_MANIFEST):
+        inner = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                inner.update(block)
+        outer.update(f"{path.relative_to(directory).as_posix()}\0{inner.hexdigest()}\n".encode())
+    return f"sha256:{outer.hexdigest()}"
+
+
+def staging_dir(destination: Path) -> Path:
+    """A fresh directory inside `destination` to write a draft into before `publish_draft`."""
+    return Path(destination) / f".staging-{uuid.uuid4().hex[:12]}"
+
+
+def publish_draft(staged: Path, destination: Path, record: dict[str, Any]) -> tuple[Path, str]:
+    """Move a written draft to `destination/<version>` named by its digest; point `latest` at it.
+
+    An export with the same content is already there under the same name: it is kept as it is and
+    the staged copy dropped, so a published draft never changes under the pods that serve it.
+    Returns the versioned directory and the digest.
+    """
+    digest = draft_digest(staged)
+    version = Path(destination) / export_version(digest)
+    if version.exists():
+        shutil.rmtree(staged)
+    else:
+        write_json_atomic(staged / EXPORT_MANIFEST, {"digest": digest, **record})
+        os.replace(staged, version)
+    link = Path(destination) / f".{LATEST_EXPORT}.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(version.name)
+    os.replace(link, Path(destination) / LATEST_EXPORT)
+    return version, digest

@@ -63,8 +63,26 @@ class Workspace:
         return self.root / "export"
 
     @property
+    def latest_export_dir(self) -> Path:
+        """The newest draft exported into the workspace (a link to its versioned directory)."""
+        return self.export_dir / LATEST_EXPORT
+
+    @property
     def reports_dir(self) -> Path:
         return self.root / "reports"
+
+
+# A published draft is never overwritten: each export lands in DESTINATION/<export_version(digest)>,
+# and DESTINATION/latest links to the newest (for people and scripts; vLLM is given the version).
+LATEST_EXPORT = "latest"
+
+
+def export_version(digest: str) -> str:
+    """The directory name of the export whose content digest is `digest` ("sha256:<hex>")."""
+    algorithm, _, hex_digest = digest.partition(":")
+    if algorithm != "sha256" or len(hex_digest) != 64:
+        raise ValueError(f"not a sha256 content digest: {digest!r}")
+    return f"sha256-{hex_digest[:16]}"
 
 
 class StageResult(BaseModel):

@@ -216,7 +216,7 @@ def _export_argv(dt: DraftTraining, at: Locations) -> list[str]:
 
 
 def _quantize_argv(dt: DraftTraining, at: Locations) -> list[str]:
-    return ["quantize", "--input", str(Workspace(at.workspace).export_dir), "--output", _final_dir(dt, at),
+    return ["quantize", "--input", str(Workspace(at.workspace).latest_export_dir), "--output", _final_dir(dt, at),
             "--scheme", dt.spec.export.quantize]  # fmt: skip
 
 

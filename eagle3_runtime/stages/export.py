@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from eagle3_runtime.export import copy_draft_dir, write_speculators_dir
+from eagle3_runtime.export import copy_draft_dir, publish_draft, staging_dir, write_speculators_dir
 from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.train.checkpoint import MANIFEST
 
@@ -15,7 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--checkpoint", default="best", help="best (from selection.json) or step-N")
     parser.add_argument("--format", choices=["eagle3", "speculators"], default="eagle3")
-    parser.add_argument("--output", type=Path, default=None, help="default: WORKSPACE/export")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="destination (default: WORKSPACE/export); the draft goes to OUTPUT/sha256-<digest>, OUTPUT/latest links it",
+    )
     parser.add_argument("--target", default=None, help="verifier recorded in the speculators format")
     parser.add_argument("--num-speculative-tokens", type=int, default=3, help="speculators format default")
 
@@ -38,19 +43,22 @@ def checkpoint_dir(workspace: Workspace, name: str) -> Path:
 def run(args: argparse.Namespace) -> StageResult:
     workspace = Workspace(args.workspace)
     source = checkpoint_dir(workspace, args.checkpoint)
-    output = args.output or workspace.export_dir
+    destination = args.output or workspace.export_dir
+    staged = staging_dir(destination)
     if args.format == "eagle3":
-        copy_draft_dir(source, output)
+        copy_draft_dir(source, staged)
     else:
         verifier = args.target or json.loads((source / MANIFEST).read_text()).get("target")
         if not verifier:
             raise ValueError("the speculators format records its verifier: pass --target")
         write_speculators_dir(
-            output, source, verifier=verifier, speculative_tokens=args.num_speculative_tokens
+            staged, source, verifier=verifier, speculative_tokens=args.num_speculative_tokens
         )
+    step = int(source.name.removeprefix("step-"))
+    output, digest = publish_draft(staged, destination, {"format": args.format, "checkpoint_step": step})
     return StageResult(
         stage="export",
-        message=f"exported {source.name} as {args.format}",
-        metrics={"step": int(source.name.removeprefix("step-"))},
+        message=f"exported {source.name} as {args.format} to {output}",
+        metrics={"step": step, "digest": digest},
         artifacts={"path": str(output)},
     )

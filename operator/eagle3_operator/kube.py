@@ -26,6 +26,7 @@ RESOURCES = {
     ("coordination.k8s.io/v1", "Lease"): "leases",
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     (API_VERSION, "DraftTraining"): "drafttrainings",

@@ -71,6 +71,49 @@ _TRAINING_GAUGES = (
 )
 
 
+# Live speculative decoding of each SpecDecodeDeployment, from its status (label names as the
+# chart's rules use for vLLM's own series).
+SERVING_LABELS = ["namespace", "specdecodedeployment"]
+LIVE_ACCEPTANCE = Gauge(
+    "eagle3_specdecode_live_acceptance_length",
+    "Live mean acceptance length (1 + accepted/drafts) of a pod-template revision over the live window.",
+    [*SERVING_LABELS, "revision"],
+)
+LIVE_POSITION_ACCEPTANCE = Gauge(
+    "eagle3_specdecode_live_position_acceptance",
+    "Accepted tokens at a draft position per draft, over the live window.",
+    [*SERVING_LABELS, "revision", "position"],
+)
+LIVE_TOKENS_PER_SECOND = Gauge(
+    "eagle3_specdecode_live_generated_tokens_per_second",
+    "Output tokens per second of a revision's pods over the live window.",
+    [*SERVING_LABELS, "revision"],
+)
+LIVE_WINDOW = Gauge(
+    "eagle3_specdecode_live_window_seconds",
+    "Length of the window the live figures of a revision were measured over.",
+    [*SERVING_LABELS, "revision"],
+)
+EVALUATED_ACCEPTANCE = Gauge(
+    "eagle3_specdecode_evaluated_acceptance_length",
+    "Mean acceptance length the served draft reached when it was evaluated.",
+    SERVING_LABELS,
+)
+DRAFT_DEGRADED = Gauge(
+    "eagle3_specdecode_draft_degraded",
+    "1 while the DraftDegraded condition is True, 0 while False (absent while Unknown).",
+    SERVING_LABELS,
+)
+_SERVING_GAUGES = (
+    LIVE_ACCEPTANCE,
+    LIVE_POSITION_ACCEPTANCE,
+    LIVE_TOKENS_PER_SECOND,
+    LIVE_WINDOW,
+    EVALUATED_ACCEPTANCE,
+    DRAFT_DEGRADED,
+)
+
+
 class PhaseTracker:
     """Counts objects per (kind, namespace, phase) from the latest phase seen for each object."""
 
@@ -176,6 +219,32 @@ def forget_training(namespace: str, name: str) -> None:
     for gauge in _TRAINING_GAUGES:
         with suppress(KeyError):
             gauge.remove(namespace, name)
+
+
+def forget_serving(namespace: str, name: str) -> None:
+    for gauge in _SERVING_GAUGES:
+        for labels in list(gauge._metrics):  # noqa: SLF001 - this object's series, any revision
+            if labels[:2] == (namespace, name):
+                gauge.remove(*labels)
+
+
+def record_serving(namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Live-acceptance gauges from a SpecDecodeDeployment's status (only its current revisions kept)."""
+    forget_serving(namespace, name)
+    for figures in status.get("liveAcceptance") or []:
+        labels = (namespace, name, figures["revision"])
+        if "meanAcceptanceLength" in figures:
+            LIVE_ACCEPTANCE.labels(*labels).set(figures["meanAcceptanceLength"])
+        for position, rate in enumerate(figures.get("perPositionAcceptance") or []):
+            LIVE_POSITION_ACCEPTANCE.labels(*labels, str(position)).set(rate)
+        LIVE_TOKENS_PER_SECOND.labels(*labels).set(figures["generatedTokensPerSecond"])
+        LIVE_WINDOW.labels(*labels).set(figures["window"]["seconds"])
+    evaluated = (status.get("resolvedDraft") or {}).get("acceptanceLength")
+    if evaluated is not None:
+        EVALUATED_ACCEPTANCE.labels(namespace, name).set(evaluated)
+    degraded = next((c for c in status.get("conditions") or [] if c["type"] == "DraftDegraded"), None)
+    if degraded and degraded["status"] in ("True", "False"):
+        DRAFT_DEGRADED.labels(namespace, name).set(1 if degraded["status"] == "True" else 0)
 
 
 def serve(port: int, address: str) -> None:

@@ -4,20 +4,40 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import threading
 import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from eagle3_operator import API_VERSION, metrics
+from eagle3_operator.api.spec_decode_deployment import LiveAcceptanceSpec
 from eagle3_operator.apply import apply_children, key, write_status
 from eagle3_operator.cache import CHANGED, PROGRESS, UNCHANGED, Store
 from eagle3_operator.kube import ApiError, Conflict, Kube, NamespaceTerminating, NotLeader
 from eagle3_operator.reconcile import meta
-from eagle3_operator.reconcile.serving import MONITORING_API, ServingObserved, plan_serving
+from eagle3_operator.reconcile.live_acceptance import (
+    COUNTERS,
+    REVISION_ANNOTATION,
+    History,
+    PodCounters,
+    PodRead,
+    counters_from_samples,
+    parse_metrics,
+)
+from eagle3_operator.reconcile.pods import VLLM_PORT
+from eagle3_operator.reconcile.serving import (
+    DRAFT_EXPORT_ANNOTATION,
+    MONITORING_API,
+    ServingObserved,
+    plan_serving,
+)
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 from eagle3_operator.workqueue import WorkQueue
 
@@ -29,6 +49,10 @@ TRAINING_CHILDREN = ("Job", "Pod", "Deployment", "Service", "PersistentVolumeCla
 # A status write that meets a newer object is re-planned from a fresh read this often in a row,
 # then the key goes back to the queue with its backoff.
 CONFLICT_ATTEMPTS = 3
+# One read of a vLLM pod's /metrics or of a Prometheus query may take this long (a saturated server
+# answers late; the reconcile worker waits for it).
+COUNTER_READ_TIMEOUT_S = 3.0
+COUNTER_READ_WORKERS = 16
 Key = tuple[str, str, str]  # kind, namespace, name
 
 
@@ -58,6 +82,9 @@ class Reconciler:
         # What the latest upsert of each object was (index handler -> event handler of the same event).
         self._changes: dict[Key, str] = {}
         self._workers: list[threading.Thread] = []
+        # Speculative-decoding counter reads per SpecDecodeDeployment, for one live window (in memory:
+        # a restarted operator needs a window of reads again before it judges DraftDegraded).
+        self._counters: dict[tuple[str, str], History] = {}
 
     # ---- watch events (kopf handlers) -------------------------------------------------------------
 
@@ -242,13 +269,21 @@ class Reconciler:
             body = self._read(SDD, namespace, name, fresh)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 metrics.PHASES.set(SDD, namespace, name, None)
+                metrics.forget_serving(namespace, name)
+                with self._lock:
+                    self._counters.pop((namespace, name), None)
                 return None
             owned = {
                 kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
                 for kind in ("Deployment", "Service", "Pod")
             }
-            # Monitors are few and not watched (their CRDs may come and go): listed live.
+            # Monitors and the disruption budget are few and not watched (monitor CRDs may come and
+            # go): listed live.
             selector = f"{meta.SPEC_DECODE_LABEL}={name}"
+            budgets = [
+                b | {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget"}
+                for b in self.kube.list("policy/v1", "PodDisruptionBudget", namespace, selector)
+            ]
             kinds = self.monitor_kinds()
             monitors = {
                 kind: [
@@ -260,15 +295,22 @@ class Reconciler:
             source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
             training = self.store.get(DT, namespace, source) if source else None
             deployment = next((d for d in owned["Deployment"] if d["metadata"]["name"] == name), None)
+            now = datetime.now(UTC)
             observed = ServingObserved(
-                now=datetime.now(UTC),
+                now=now,
                 deployment=deployment,
                 draft_training=training,
                 monitor_kinds=kinds,
                 pods=owned["Pod"],
+                counters=self._read_counters(body, owned["Pod"], now),
             )
             plan = plan_serving(body, observed)
-            children = [*owned["Deployment"], *owned["Service"], *(m for ms in monitors.values() for m in ms)]
+            children = [
+                *owned["Deployment"],
+                *owned["Service"],
+                *budgets,
+                *(m for ms in monitors.values() for m in ms),
+            ]
             observed.refused = self._apply(body, plan, {key(o): o for o in children})
             if observed.refused:
                 plan = plan_serving(body, observed)  # the same decision, with the refusals in its status
@@ -277,4 +319,81 @@ class Reconciler:
             metrics.PHASES.set(
                 SDD, namespace, name, "Available" if conditions.get("Available") == "True" else "Unavailable"
             )
+            metrics.record_serving(namespace, name, plan.status)
             return plan.requeue_after or 0.0
+
+    # ---- live acceptance -------------------------------------------------------------------------
+
+    def _read_counters(
+        self, body: dict[str, Any], pods: list[dict[str, Any]], now: datetime
+    ) -> History | None:
+        """The counter reads of the object's vLLM pods over its live window, with a new read when the
+        last is an interval old; None while live acceptance is off."""
+        live = LiveAcceptanceSpec.model_validate((body.get("spec") or {}).get("liveAcceptance") or {})
+        key_ = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if not live.enabled:
+            with self._lock:
+                self._counters.pop(key_, None)
+            return None
+        with self._lock:
+            history = self._counters.setdefault(key_, History())
+        # Ready pods of a revision: a starting or terminating pod's counters are not the service's.
+        serving = {
+            p["metadata"]["name"]: p
+            for p in pods
+            if p.get("status", {}).get("podIP")
+            and not p["metadata"].get("deletionTimestamp")
+            and REVISION_ANNOTATION in (p["metadata"].get("annotations") or {})
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in p.get("status", {}).get("conditions") or []
+            )
+        }
+        last = history.last_read()
+        # A little early is fine: requeues land about an interval apart, not exactly.
+        if serving and (last is None or (now - last).total_seconds() >= 0.8 * live.interval_seconds):
+            if live.prometheus_url:
+                reads = read_prometheus_counters(live.prometheus_url, *key_, set(serving))
+            else:
+                # In parallel: a slow or unreachable pod costs one timeout, not one per pod.
+                with ThreadPoolExecutor(max_workers=min(len(serving), COUNTER_READ_WORKERS)) as pool:
+                    reads = dict(zip(serving, pool.map(read_pod_counters, serving.values()), strict=True))
+            for pod, counters in reads.items():
+                if counters is not None:
+                    annotations = serving[pod]["metadata"]["annotations"]
+                    draft = annotations.get(DRAFT_EXPORT_ANNOTATION)
+                    history.add(pod, PodRead(now, annotations[REVISION_ANNOTATION], draft, counters))
+        history.prune(now, live.window_seconds, set(serving))
+        return history
+
+
+def read_pod_counters(pod: dict[str, Any]) -> PodCounters | None:
+    """A vLLM pod's counters from its /metrics; None when it cannot be read (logged)."""
+    url = f"http://{pod['status']['podIP']}:{VLLM_PORT}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=COUNTER_READ_TIMEOUT_S) as response:
+            return parse_metrics(response.read().decode())
+    except (OSError, ValueError) as error:  # unreachable, slow, or not Prometheus text
+        log.info("cannot read %s: %s", url, error)
+        return None
+
+
+def read_prometheus_counters(
+    base_url: str, namespace: str, name: str, pods: set[str]
+) -> dict[str, PodCounters]:
+    """The latest value of each counter per pod, as the user's Prometheus scraped them."""
+    samples: dict[str, list[tuple[str, dict[str, str], float]]] = {pod: [] for pod in pods}
+    for metric in COUNTERS:
+        query = f'{metric}{{namespace="{namespace}",specdecodedeployment="{name}"}}'
+        url = f"{base_url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        try:
+            with urllib.request.urlopen(url, timeout=COUNTER_READ_TIMEOUT_S) as response:
+                result = json.loads(response.read())["data"]["result"]
+        except (OSError, ValueError, KeyError) as error:
+            log.info("cannot query %s: %s", base_url, error)
+            return {}
+        for series in result:
+            labels = series["metric"]
+            if labels.get("pod") in samples:
+                samples[labels["pod"]].append((metric, labels, float(series["value"][1])))
+    return {pod: counters_from_samples(found) for pod, found in samples.items() if found}

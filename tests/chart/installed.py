@@ -1,9 +1,11 @@
 """The chart installed into the test bed, with the real operator running under the chart's ServiceAccount.
 
 Shared by tests/chart/test_install.py (RBAC) and tests/monitoring/test_live_prometheus.py (which
-needs a running operator with real metrics). The chart's Deployment gets a fake (kwok) pod; the
-operator process that does the work runs here, out of cluster, with a kubeconfig that holds only the
-ServiceAccount's token, so it has exactly the chart's rights.
+needs a running operator with real metrics). By default the chart's Deployment gets a fake (kwok)
+pod and the operator process that does the work runs here, out of cluster, with a kubeconfig that
+holds only the ServiceAccount's token, so it has exactly the chart's rights. With
+`operator_in_cluster`, the chart's Deployment itself runs the operator on the real node
+(realnode.OPERATOR_IMAGE, built from this checkout), as a user's cluster would.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import yaml
 
 from tests.chart.helm import CHART_DIR, helm, values_args
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     OperatorProcess,
     bind_volume,
     draft_training_path,
@@ -27,7 +30,8 @@ from tests.operator.harness import (
     items,
     stage_result,
 )
-from tests.support.cluster import LocalCluster, wait_until
+from tests.support import realnode
+from tests.support.cluster import ApiError, LocalCluster, wait_until
 
 RUNTIME_ACCOUNT = "eagle3-runtime"
 DATA_CLAIM = "prompts"
@@ -111,8 +115,13 @@ class Installation:
     work: str  # where the DraftTraining and SpecDecodeDeployment live
     as_operator: AsServiceAccount
     as_runtime: AsServiceAccount
-    operator: OperatorProcess
+    operator: OperatorProcess | None  # None: the chart's Deployment runs it (operator_in_cluster)
     notes: str  # what `helm install` printed
+
+    @property
+    def deployment(self) -> str:
+        """The chart's operator Deployment (also its ServiceAccount's and Lease's name)."""
+        return f"{self.release}-eagle3-operator"
 
 
 @contextmanager
@@ -124,10 +133,12 @@ def installed(
     release: str,
     values: dict[str, Any] | None = None,
     monitoring: bool = True,
+    operator_in_cluster: bool = False,
     data_claim: bool = True,
 ) -> Iterator[Installation]:
     """helm install (monitors and rules on unless not `monitoring`, plus `values`) and the operator
-    started with the chart's ServiceAccount.
+    started with the chart's ServiceAccount: here, or (operator_in_cluster) as the chart's
+    Deployment on the real node, one replica, ready before this yields.
 
     mode "namespaced" lists the work namespace in watchNamespaces; "cluster-wide" only gives it the
     runtime ServiceAccount (runtime.namespaces). data_claim: bind the DATA_CLAIM PVC (for the played
@@ -138,27 +149,38 @@ def installed(
     key = "watchNamespaces" if mode == "namespaced" else "runtime.namespaces"
     on = str(monitoring).lower()
     operator = None
+    deployment = f"{release}-eagle3-operator"
     try:
         notes = helm(
             "install", release, str(CHART_DIR), "--namespace", system, "--set", f"{key}={{{work}}}",
             "--set", f"metrics.serviceMonitor.enabled={on},metrics.podMonitor.enabled={on},prometheusRule.enabled={on}",
-            *values_args(tmp_path, values or {}), env=cluster.env(), timeout=180,
+            *values_args(tmp_path, values or {}, IN_CLUSTER_VALUES if operator_in_cluster else {}),
+            env=cluster.env(), timeout=180,
         )  # fmt: skip
-        as_operator = AsServiceAccount(cluster, system, f"{release}-eagle3-operator", tmp_path)
+        as_operator = AsServiceAccount(cluster, system, deployment, tmp_path)
         as_runtime = AsServiceAccount(cluster, work, RUNTIME_ACCOUNT, tmp_path)
         if data_claim:
             bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
-        # Leader election as the chart's Deployment runs it: the Lease in the release's namespace.
-        election = ("--leader-elect", f"--leader-elect-resource-name={release}-eagle3-operator",
-                    f"--leader-elect-resource-namespace={system}")  # fmt: skip
-        operator = OperatorProcess(
-            as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log", election
-        )
-        operator.start()
+        if operator_in_cluster:
+            wait_until(
+                lambda: _leading_pod(cluster, system, deployment), timeout=180, interval=1,
+                what=f"the chart's operator pod on the real node to lead (Lease {system}/{deployment})",
+            )  # fmt: skip
+        else:
+            # Leader election as the chart's Deployment runs it: the Lease in the release's namespace.
+            election = ("--leader-elect", f"--leader-elect-resource-name={deployment}",
+                        f"--leader-elect-resource-namespace={system}")  # fmt: skip
+            operator = OperatorProcess(
+                as_operator, [work] if mode == "namespaced" else [], tmp_path / "operator.log", election
+            )
+            operator.start()
         yield Installation(release, system, work, as_operator, as_runtime, operator, notes)
     except BaseException:
         if operator and operator.proc:
             print(f"--- operator log ---\n{operator.log_tail(150)}")
+        if operator_in_cluster:
+            logs = cluster.kubectl("logs", "-n", system, f"deploy/{deployment}", "--tail=150", check=False)
+            print(f"--- operator pod log ---\n{logs}")
         raise
     finally:
         if operator:
@@ -166,6 +188,42 @@ def installed(
         helm("uninstall", release, "--namespace", system, "--wait", env=cluster.env(), timeout=120)
         cluster.delete_namespace(work)
         cluster.delete_namespace(system)
+
+
+# The chart's Deployment on the real node: its image (the chart's default repository and appVersion)
+# is built from this checkout and imported there; one replica, so one operator exports metrics.
+IN_CLUSTER_VALUES = {
+    "replicas": 1,
+    "image": {"pullPolicy": "Never"},
+    "nodeSelector": realnode.REAL_NODE_SELECTOR,
+    "tolerations": realnode.REAL_NODE_TOLERATIONS,
+}
+
+
+def _leading_pod(cluster: LocalCluster, namespace: str, deployment: str) -> str | None:
+    """The operator pod that holds the Lease, once it runs on the real node and is Ready."""
+    try:
+        lease = cluster.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{deployment}"
+        )
+    except ApiError as error:
+        if error.status == 404:  # no leader yet
+            return None
+        raise
+    holder = (lease.get("spec") or {}).get("holderIdentity") or ""  # POD_NAME_<random>
+    pods = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+    for pod in pods:
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in pod.get("status", {}).get("conditions", [])
+        )
+        if (
+            holder.startswith(pod["metadata"]["name"] + "_")
+            and pod["spec"].get("nodeName") == realnode.NODE_NAME
+            and ready
+        ):
+            return pod["metadata"]["name"]
+    return None
 
 
 def training_manifest(name: str) -> dict[str, Any]:
@@ -219,7 +277,7 @@ def stage_metrics(stage: str, pod: dict[str, Any]) -> dict[str, Any]:
         }  # fmt: skip
     if stage == "select":
         return {"step": 40, "acceptance_length": 2.5}
-    return {}
+    return {"digest": EXPORT_DIGEST}  # export (and quantize): the published draft's content digest
 
 
 def play_stage_pods(installation: Installation, training: str) -> None:

@@ -1,4 +1,9 @@
-"""A real Prometheus (Debian's binary) on loopback for tests, and the dashboards' queries to run on it."""
+"""A real Prometheus on loopback for tests, and the dashboards' queries to run on it.
+
+The server is upstream's, built from its Go module with Kubernetes service discovery
+(hack/build-prometheus.sh, cached; $EAGLE3_PROMETHEUS_BIN names a built directory): Debian's
+prometheus lacks kubernetes_sd_configs. Debian's promtool still checks the rules (tests/monitoring/promtool.py).
+"""
 
 from __future__ import annotations
 
@@ -15,10 +20,16 @@ from typing import Any
 import yaml
 
 from tests.chart.helm import CHART_DIR
-from tests.monitoring.promtool import binary
-from tests.support.cluster import wait_until
+from tests.support.cluster import REPO_ROOT, find_bin_dir, wait_until
 
 DASHBOARDS = sorted((CHART_DIR / "files" / "dashboards").glob("*.json"))
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-prometheus.sh"
+
+
+def server_binary() -> Path:
+    """The Prometheus server with Kubernetes discovery: in $EAGLE3_PROMETHEUS_BIN, else built (once,
+    cached) by hack/build-prometheus.sh."""
+    return find_bin_dir("EAGLE3_PROMETHEUS_BIN", BUILD_SCRIPT, ("prometheus",)) / "prometheus"
 
 
 def free_port() -> int:
@@ -28,10 +39,10 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """Prometheus scraping `jobs` ({job: {"target": "host:port", "labels": {...}, "honor_labels": bool}})
-    every second and evaluating `rules` (a rule file dict) every second."""
+    """Prometheus running `scrape_configs` (Prometheus' own format; 1 s interval unless they set one)
+    and evaluating `rules` (a rule file dict) every second."""
 
-    def __init__(self, workdir: Path, jobs: dict[str, dict[str, Any]], rules: dict[str, Any]):
+    def __init__(self, workdir: Path, scrape_configs: list[dict[str, Any]], rules: dict[str, Any]):
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -39,14 +50,7 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(workdir / "rules.yaml")],
-            "scrape_configs": [
-                {
-                    "job_name": job,
-                    "honor_labels": spec.get("honor_labels", False),
-                    "static_configs": [{"targets": [spec["target"]], "labels": spec.get("labels", {})}],
-                }
-                for job, spec in jobs.items()
-            ],
+            "scrape_configs": scrape_configs,
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         self.process: subprocess.Popen | None = None
@@ -55,7 +59,7 @@ class Prometheus:
         log = open(self.workdir / "prometheus.log", "w")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(
             [
-                binary("prometheus"),
+                str(server_binary()),
                 f"--config.file={self.workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
@@ -103,9 +107,14 @@ class Prometheus:
         params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
         return self.api("query", **params)["result"]
 
-    def targets_up(self) -> bool:
-        active = self.api("targets")["activeTargets"]
-        return bool(active) and all(target["health"] == "up" for target in active)
+    def targets(self) -> list[dict[str, Any]]:
+        """The active targets: scrapePool (the job), labels, discoveredLabels, health, lastError."""
+        return self.api("targets", state="active")["activeTargets"]
+
+    def targets_up(self, jobs: list[str]) -> bool:
+        """Every job has a target and every target is up."""
+        active = self.targets()
+        return {t["scrapePool"] for t in active} >= set(jobs) and all(t["health"] == "up" for t in active)
 
     def label_values(self, label: str, match: str) -> list[str]:
         return self.api(f"label/{label}/values", **{"match[]": match})

@@ -224,6 +224,7 @@ def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list
 
 # What each stage "reports" when the tests play its pods (numbers are arbitrary but checked).
 TRAIN_CHECKPOINTS = ["50", "100"]
+EXPORT_DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 def result_for(stage: str, job: str) -> str:
@@ -240,7 +241,7 @@ def result_for(stage: str, job: str) -> str:
                             tokens_per_second=120.0, speedup=1.8)  # fmt: skip
     if stage == "select":
         return stage_result(stage, step=100, acceptance_length=2.4)
-    return StageResult(stage=stage, artifacts={"draft": "export"}).to_message()
+    return StageResult(stage=stage, metrics={"digest": EXPORT_DIGEST}).to_message()
 
 
 STAGE_JOBS = [
@@ -279,6 +280,16 @@ def wait_stage_succeeded(cluster: LocalCluster, namespace: str, name: str, stage
         return body if stage_record(body, stage).get("state") == "Succeeded" else None
 
     return wait_until(done, timeout=60, interval=0.3, what=f"stage {stage} of {name} to succeed")
+
+
+def wait_for_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    """The DraftTraining once its status.phase is `phase`."""
+
+    def reached() -> dict[str, Any] | None:
+        body = cluster.request("GET", draft_training_path(namespace, name))
+        return body if (body.get("status") or {}).get("phase") == phase else None
+
+    return wait_until(reached, timeout=60, interval=0.3, what=f"{name} phase {phase}")
 
 
 def drive_to_success(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from eagle3_runtime.layout import export_version
 from tests.operator import fakes
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     bind_volume,
     condition,
     draft_training_path,
@@ -153,21 +155,22 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     rolled = wait_until(
         lambda: _speculative_config(d := _deployment(cluster, ns)) and d, timeout=60, what="draft rolled in"
     )
-    assert _speculative_config(rolled) == {"method": "eagle3", "model": "/models/draft/export",
+    # The export's versioned directory (named by its digest), never a path a later export rewrites.
+    export = f"export/{export_version(EXPORT_DIGEST)}"
+    assert _speculative_config(rolled) == {"method": "eagle3", "model": f"/models/draft/{export}",
                                             "num_speculative_tokens": 3}  # fmt: skip
     volume = next(v for v in rolled["spec"]["template"]["spec"]["volumes"] if v["name"] == "draft-model")
     assert volume["persistentVolumeClaim"] == {"claimName": "llama-workspace", "readOnly": True}
-    assert rolled["spec"]["template"]["metadata"]["annotations"] == {
-        "eagle3.ai/draft-export": training["metadata"]["uid"]
-    }
+    assert rolled["spec"]["template"]["metadata"]["annotations"]["eagle3.ai/draft-export"] == EXPORT_DIGEST
     body = cluster.request("GET", spec_decode_path(ns, "chat"))
     assert condition(body, "DraftResolved")["status"] == "True"
     pinned = {
-        "model": "/models/draft/export",
-        "uri": "pvc://llama-workspace/export",
+        "model": f"/models/draft/{export}",
+        "uri": f"pvc://llama-workspace/{export}",
         "source": "DraftTraining/llama",
         "draftTraining": {"name": "llama", "uid": training["metadata"]["uid"], "generation": 1},
         "acceptanceLength": 2.4,
+        "digest": EXPORT_DIGEST,
     }
     assert body["status"]["resolvedDraft"] == pinned
 
@@ -186,7 +189,7 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
         resolved["status"] == "False" and resolved["observedGeneration"] == deleted["metadata"]["generation"]
     )
     assert resolved["message"] == (
-        "DraftTraining llama was deleted; keeps serving the pinned draft pvc://llama-workspace/export "
+        f"DraftTraining llama was deleted; keeps serving the pinned draft pvc://llama-workspace/{export} "
         "(exported by generation 1) until a newer export succeeds"
     )
     assert deleted["status"]["resolvedDraft"] == pinned
@@ -212,7 +215,7 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     wait_until(
         lambda: _deployment(cluster, ns)["spec"]["replicas"] == 2, timeout=30, what="Deployment scaled"
     )
-    assert _speculative_config(_deployment(cluster, ns))["model"] == "/models/draft/export"
+    assert _speculative_config(_deployment(cluster, ns))["model"] == f"/models/draft/{export}"
     scaled = cluster.request("GET", spec_decode_path(ns, "chat"))
     assert condition(scaled, "DraftResolved")["reason"] == "DraftTrainingDeleted"
     assert scaled["status"]["resolvedDraft"] == pinned
@@ -226,4 +229,4 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     }  # fmt: skip
     replaced = _deployment(cluster, ns)
     assert _speculative_config(replaced)["model"] == "/models/draft/llama-eagle3"
-    assert "annotations" not in replaced["spec"]["template"]["metadata"]
+    assert "eagle3.ai/draft-export" not in replaced["spec"]["template"]["metadata"]["annotations"]

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import timedelta
 
+from eagle3_operator.reconcile.live_acceptance import (
+    History,
+    PodCounters,
+    PodRead,
+    parse_metrics,
+    revision_figures,
+)
+from eagle3_operator.reconcile.plan import Plan
 from eagle3_operator.reconcile.serving import ServingObserved, plan_serving
 
 from tests.operator import fakes
@@ -77,7 +86,7 @@ def test_deployment_serves_target_with_the_eagle3_draft():
 def test_monitors_only_when_the_prometheus_operator_serves_them():
     body = fakes.spec_decode(monitoring={"podMonitor": True, "additionalLabels": {"release": "kps"}})
     kinds = [o["kind"] for o in plan_serving(body, ServingObserved(now=fakes.NOW)).sync]
-    assert kinds == ["Deployment", "Service"]
+    assert kinds == ["Deployment", "Service", "PodDisruptionBudget"]
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, monitor_kinds={"ServiceMonitor", "PodMonitor"}))
     monitors = [o for o in plan.sync if o["apiVersion"] == "monitoring.coreos.com/v1"]
     assert [m["kind"] for m in monitors] == ["ServiceMonitor", "PodMonitor"]
@@ -252,7 +261,7 @@ def test_a_recreated_draft_training_exporting_to_the_same_path_is_a_rollout():
     new_template = _deployment(plan)["spec"]["template"]
     assert _spec_config(_deployment(plan)) == _spec_config(deployment), "same path"
     assert new_template != deployment["spec"]["template"], "the new export rolls out, not only onto new pods"
-    assert new_template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "uid-9"}
+    assert new_template["metadata"]["annotations"]["eagle3.ai/draft-export"] == "uid-9"
     assert plan.status["resolvedDraft"]["draftTraining"]["uid"] == "uid-9"
     assert [e.reason for e in plan.events] == ["DraftResolved"]
 
@@ -293,7 +302,7 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
     assert plan.status["resolvedDraft"] == {
         "model": "org/llama-eagle3", "uri": "org/llama-eagle3", "source": "spec.draft.model"
     }  # fmt: skip
-    assert "annotations" not in _deployment(plan)["spec"]["template"]["metadata"]
+    assert "eagle3.ai/draft-export" not in _deployment(plan)["spec"]["template"]["metadata"]["annotations"]
     assert [e.message for e in plan.events] == [
         "rolling in draft org/llama-eagle3 (replaces pvc://llama-workspace/export)"
     ]
@@ -307,10 +316,130 @@ def test_an_export_digest_is_pinned_and_names_the_export_on_the_pod_template():
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     assert plan.status["resolvedDraft"] == _record() | {"digest": "sha256:0123abcd"}
     template = _deployment(plan)["spec"]["template"]
-    assert template["metadata"]["annotations"] == {"eagle3.ai/draft-export": "sha256:0123abcd"}
+    assert template["metadata"]["annotations"]["eagle3.ai/draft-export"] == "sha256:0123abcd"
     body["status"] = plan.status
     training["status"]["export"]["digest"] = "sha256:ffff"  # re-published at the same path
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     assert plan.status["resolvedDraft"]["digest"] == "sha256:ffff"
     assert _deployment(plan)["spec"]["template"] != template
     assert [e.reason for e in plan.events] == ["DraftResolved"]
+
+
+def test_rollout_knobs_disruption_budget_startup_budget_and_requests():
+    body = fakes.spec_decode(
+        rollout={"maxSurge": "0", "maxUnavailable": "25%", "startupTimeoutSeconds": 3600},
+        disruptionBudget={"maxUnavailable": "2"},
+        target={"model": "org/llama", "resources": {"requests": {"memory": "64Gi"}}},
+    )
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW))
+    deployment = _deployment(plan)
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}
+    }  # fmt: skip
+    vllm = deployment["spec"]["template"]["spec"]["containers"][0]
+    startup = vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"]
+    assert startup == 3600 and deployment["spec"]["progressDeadlineSeconds"] == 3600 + 600
+    # A saturated server answers /health late: a minute of misses before it leaves the Service.
+    readiness = vllm["readinessProbe"]
+    assert (
+        readiness["failureThreshold"] * readiness["periodSeconds"] >= 60 and readiness["timeoutSeconds"] >= 10
+    )
+    # Not BestEffort: the spec's memory, the default CPU, the GPUs.
+    assert vllm["resources"]["requests"] == {"memory": "64Gi", "cpu": "500m", "amd.com/gpu": "1"}
+    budget = next(o for o in plan.sync if o["kind"] == "PodDisruptionBudget")
+    assert budget["spec"] == {"selector": deployment["spec"]["selector"], "maxUnavailable": 2}
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == "uid-2"
+
+    off = plan_serving(fakes.spec_decode(disruptionBudget={"enabled": False}), ServingObserved(now=fakes.NOW))
+    assert "PodDisruptionBudget" not in [o["kind"] for o in off.sync]
+
+
+def _reads(history: History, pod: str, revision: str, rows: list[tuple[int, PodCounters]]) -> None:
+    for seconds, counters in rows:
+        history.add(pod, PodRead(fakes.NOW + timedelta(seconds=seconds), revision, "sha256:d", counters))
+
+
+def test_live_acceptance_is_counter_deltas_per_revision_over_the_window():
+    history = History()
+    # Pod a: 100 drafts, 150 accepted (1.5 per draft) in the window; a read before the window is its base.
+    _reads(history, "a", "r2", [(-400, PodCounters(0, 0, 0)), (0, PodCounters(10, 5, 40, (4, 1))),
+                                (300, PodCounters(110, 155, 440, (94, 61)))])  # fmt: skip
+    # Pod b restarted mid-window (counters went down): its delta counts from zero.
+    _reads(history, "b", "r2", [(0, PodCounters(500, 900, 2000, (400, 500))), (300, PodCounters(100, 50, 360, (40, 10)))])  # fmt: skip
+    # An old revision's pod, read once: no delta yet.
+    _reads(history, "c", "r1", [(290, PodCounters(7, 7, 7))])
+    now = fakes.NOW + timedelta(seconds=300)
+    history.prune(now, 300, {"a", "b", "c"})
+    assert [r.at for r in history.reads["a"]] == [fakes.NOW, now], (
+        "reads before the window's base are dropped"
+    )
+    (figures,) = revision_figures(history, 300, now)
+    assert figures == {
+        "revision": "r2",
+        "draft": "sha256:d",
+        "pods": 2,
+        "meanAcceptanceLength": 1 + 200 / 200,
+        "perPositionAcceptance": [(90 + 40) / 200, (60 + 10) / 200],
+        "generatedTokensPerSecond": round((400 + 360) / 300, 3),
+        "drafts": 200,
+        "window": {"start": "2026-11-29T09:00:00Z", "end": "2026-11-29T09:05:00Z", "seconds": 300.0},
+    }
+    history.prune(now, 300, {"a"})
+    assert set(history.reads) == {"a"}, "gone pods are forgotten"
+
+
+def _served_with_counters(
+    accepted_per_draft: float, seconds: int = 300, drafts: int = 400
+) -> tuple[dict, Plan]:
+    body = fakes.spec_decode(
+        draft={"model": "pvc://drafts/llama-eagle3", "acceptanceLength": 3.0},
+        liveAcceptance={"windowSeconds": 300, "minDrafts": 100},
+    )
+    first = plan_serving(body, ServingObserved(now=fakes.NOW))
+    revision = _deployment(first)["spec"]["template"]["metadata"]["annotations"]["eagle3.ai/revision"]
+    history = History()
+    end = PodCounters(drafts, drafts * accepted_per_draft, 1000)
+    _reads(history, "pod-1", revision, [(0, PodCounters()), (seconds, end)])
+    body["status"] = first.status
+    now = fakes.NOW + timedelta(seconds=seconds)
+    return body, plan_serving(body, ServingObserved(now=now, counters=history))
+
+
+def test_draft_degraded_when_a_full_window_stays_below_the_threshold():
+    body, plan = _served_with_counters(accepted_per_draft=1.0)  # live 2.0 < 0.8 * 3.0
+    assert plan.status["liveAcceptanceLength"] == 2.0
+    assert plan.status["resolvedDraft"]["acceptanceLength"] == 3.0
+    degraded = _condition(plan.status, "DraftDegraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceBelowThreshold")
+    assert degraded["message"] == (
+        "live mean acceptance length 2 over 300 s (400 drafts); evaluated 3, threshold 2.4 (0.8x)"
+    )
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "DraftDegraded")]
+    assert plan.requeue_after == 30
+
+    _, healthy = _served_with_counters(accepted_per_draft=1.6)  # 2.6 >= 2.4
+    assert _condition(healthy.status, "DraftDegraded")["status"] == "False"
+    _, short = _served_with_counters(accepted_per_draft=0.1, seconds=60)  # not a full window yet
+    assert _condition(short.status, "DraftDegraded")["reason"] == "NotEnoughData"
+    _, few = _served_with_counters(accepted_per_draft=0.1, drafts=50)
+    assert _condition(few.status, "DraftDegraded")["reason"] == "NotEnoughData"
+
+    no_reference = fakes.spec_decode()
+    plan = plan_serving(no_reference, ServingObserved(now=fakes.NOW, counters=History()))
+    assert _condition(plan.status, "DraftDegraded")["reason"] == "NoEvaluatedAcceptance"
+    assert "liveAcceptanceLength" not in plan.status
+
+
+def test_parse_metrics_sums_engines_and_reads_positions():
+    text = """# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 12.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 99.0
+"""
+    assert parse_metrics(text) == PodCounters(15.0, 12.0, 99.0, (8.0, 4.0))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import time
 
+from eagle3_runtime.layout import export_version
 from tests.operator.harness import (
+    EXPORT_DIGEST,
     STAGE_JOBS,
     apiserver_writes,
     bind_volume,
@@ -25,6 +27,7 @@ from tests.operator.harness import (
     prepare_training_volumes,
     stage_record,
     training_body,
+    wait_for_phase,
     wait_for_quiet_cluster,
     wait_for_stage_pods,
     wait_stage_succeeded,
@@ -78,19 +81,12 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
         wait_stage_succeeded(cluster, ns, "llama", stage)
         seen_jobs |= dict.fromkeys(names, "")
 
-    body = wait_until(
-        lambda: (
-            (b := cluster.request("GET", draft_training_path(ns, "llama")))["status"]["phase"] == "Succeeded"
-            and b
-        ),
-        timeout=30,
-        what="phase Succeeded",
-    )
+    body = wait_for_phase(cluster, ns, "llama", "Succeeded")
     status = body["status"]
     assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
     assert [c["step"] for c in status["checkpoints"]] == [50, 100]
     assert status["checkpoints"][0]["acceptancePerPosition"] == [0.6, 0.4]
-    assert status["export"]["uri"] == "pvc://llama-workspace/export"
+    assert status["export"]["uri"] == "pvc://llama-workspace/export/" + export_version(EXPORT_DIGEST)
     assert condition(body, "Ready")["status"] == "True"
     assert all(condition(body, c)["status"] == "True" for c in ("Generated", "HiddenStatesExtracted", "Trained",
                                                                  "Evaluated", "Selected", "Exported"))  # fmt: skip
@@ -206,14 +202,7 @@ def test_failed_stage_is_reported_and_retried_after_a_spec_edit(crds, manual_nam
     pod = wait_for_stage_pods(cluster, ns, ["llama-generate"])["llama-generate"][0]
     failure = '{"stage":"generate","ok":false,"message":"source /sources/prompts/chat.jsonl: no such file"}'
     cluster.fail_pod(ns, pod["metadata"]["name"], message=failure, exit_code=2, reason="Error")
-    failed = wait_until(
-        lambda: (
-            (b := cluster.request("GET", draft_training_path(ns, "llama")))["status"].get("phase") == "Failed"
-            and b
-        ),
-        timeout=60,
-        what="phase Failed",
-    )
+    failed = wait_for_phase(cluster, ns, "llama", "Failed")
     cond = condition(failed, "Failed")
     assert cond["status"] == "True" and cond["reason"] == "Error"
     assert "no such file" in cond["message"] and "exited with code 2" in cond["message"]

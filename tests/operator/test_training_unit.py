@@ -22,6 +22,8 @@ RESULTS = {
         "checkpoints": ["50", "100"],
     },  # fmt: skip
     "select": {"step": 100, "acceptance_length": 2.4},
+    "export": {"digest": "sha256:" + "ab" * 32},
+    "quantize": {"digest": "sha256:" + "cd" * 32},
 }
 
 
@@ -188,7 +190,8 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
         {"step": 100, "acceptanceLength": 2.4, "acceptancePerPosition": [0.6, 0.4]},
     ]
     assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
-    assert status["export"]["uri"] == "pvc://llama-workspace/export"
+    assert status["export"]["uri"] == "pvc://llama-workspace/export/sha256-abababababababab"
+    assert status["export"]["digest"] == "sha256:" + "ab" * 32
     assert _condition(status, "Ready")["status"] == "True"
     assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
     assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
@@ -379,7 +382,7 @@ def test_queue_name_export_claim_and_quantize():
     cluster = Cluster(body)
     plan = cluster.run_to_end()
     assert plan.status["phase"] == "Succeeded"
-    assert plan.status["export"]["uri"] == "pvc://drafts/llama"
+    assert plan.status["export"]["uri"] == "pvc://drafts/llama/sha256-cdcdcdcdcdcdcdcd"
     jobs = cluster.observed.jobs
     assert jobs["llama-train"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert jobs["llama-train"]["spec"]["suspend"] is True
@@ -387,7 +390,7 @@ def test_queue_name_export_claim_and_quantize():
     assert export[export.index("--output") + 1] == "/workspace/export"
     assert export[export.index("--format") + 1] == "speculators"
     quantize = _container(jobs["llama-quantize"])["command"]
-    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/export", "--output", "/export/llama",
+    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/export/latest", "--output", "/export/llama",
                             "--scheme", "fp8"]  # fmt: skip
     first = plan_training(
         fakes.draft_training(storage={"retainOnDelete": False}), TrainingObserved(now=fakes.NOW)

@@ -153,7 +153,7 @@ def test_export_goes_to_the_claim_the_spec_names(tmp_path, volumes):
     assert _flag(runner.argv("export"), "--output") == str(tmp_path / "ws" / "export")
     quantize = runner.argv("quantize")
     assert (_flag(quantize, "--input"), _flag(quantize, "--output")) == (
-        str(tmp_path / "ws" / "export"),
+        str(tmp_path / "ws" / "export" / "latest"),
         str(drafts.resolve() / "tiny"),
     )
 

@@ -1,8 +1,9 @@
 """`eagle3 pipeline --preset tiny-cpu` end to end on real vLLM (CPU build) and real training.
 
-The bar (issue 6): the exported draft's mean acceptance length, measured by vLLM's own
-/metrics with 3 speculative tokens and greedy decoding, is at least 2.5, and better than the
-first evaluated checkpoint's. The exported weights are byte-identical to the ones evaluated.
+The bar (issue 13): the exported draft's mean acceptance length, measured by vLLM's own
+/metrics with 3 speculative tokens and greedy decoding, is at least 2.8, and better than the
+first evaluated checkpoint's. The test prints every evaluation, so a number in the docs can be
+traced to a run. The exported weights are byte-identical to the ones evaluated.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from eagle3_runtime.layout import StageResult
 from eagle3_runtime.pipeline.prompts import DOMAINS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+ACCEPTANCE_BAR = 2.8  # the end-to-end bar; docs/benchmarks.md (Pipeline) has the spread
 
 
 def _sha256(path) -> str:
@@ -33,7 +35,7 @@ def _pipeline(workspace, result_file):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # about 15 min on an idle 2-core machine; a loaded one needs more
-def test_tiny_cpu_pipeline_trains_a_draft_that_vllm_accepts(tmp_path, tiny_target):
+def test_tiny_cpu_pipeline_trains_a_draft_that_vllm_accepts(tmp_path, tiny_target, capsys):
     workspace = tmp_path / "ws"
     run = _pipeline(workspace, tmp_path / "result.json")
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
@@ -44,8 +46,15 @@ def test_tiny_cpu_pipeline_trains_a_draft_that_vllm_accepts(tmp_path, tiny_targe
     assert len(evaluations) >= 2
     first, selection = evaluations[0], json.loads((workspace / "selection.json").read_text())
     best = next(e for e in evaluations if e["step"] == selection["step"])
+    with capsys.disabled():
+        for e in evaluations:
+            print(
+                f"\ntiny-cpu pipeline, step {e['step']}: acceptance length {e['acceptance_length']:.3f}, "
+                f"per position {[round(p, 3) for p in e['acceptance_per_position']]}, "
+                f"per domain { {d: round(v['acceptance_length'], 3) for d, v in e['per_domain'].items()} }, speedup {e['speedup']}"
+            )
     assert best["num_speculative_tokens"] == 3 and best["settings"]["temperature"] == 0.0
-    assert best["acceptance_length"] >= 2.5, evaluations
+    assert best["acceptance_length"] >= ACCEPTANCE_BAR, evaluations
     assert best["acceptance_length"] > first["acceptance_length"], evaluations
     assert set(best["per_domain"]) == set(DOMAINS)
     assert len(best["acceptance_per_position"]) == 3
@@ -53,11 +62,11 @@ def test_tiny_cpu_pipeline_trains_a_draft_that_vllm_accepts(tmp_path, tiny_targe
     assert result.metrics["acceptance_length"] == best["acceptance_length"]
 
     # What was measured is what was exported.
-    exported = workspace / "export" / "model.safetensors"
+    exported = workspace / "export" / "latest" / "model.safetensors"
     assert _sha256(exported) == _sha256(
         workspace / ".evaluate" / f"step-{best['step']:08d}" / "model.safetensors"
     )
-    config = json.loads((workspace / "export" / "config.json").read_text())
+    config = json.loads((workspace / "export" / "latest" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
 
     report = (workspace / "reports" / "report.md").read_text()

@@ -1,14 +1,15 @@
 """Export formats: what vLLM's own loaders read from the plain and the speculators directories."""
 
 import json
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
 from eagle3_runtime.cli import main as eagle3
-from eagle3_runtime.export import write_eagle3_dir
-from eagle3_runtime.layout import Workspace
+from eagle3_runtime.export import EXPORT_MANIFEST, draft_digest, write_eagle3_dir
+from eagle3_runtime.layout import LATEST_EXPORT, Workspace, export_version
 from eagle3_runtime.train.checkpoint import write_checkpoint
 from tests.runtime.test_model import tiny_draft
 
@@ -68,6 +69,7 @@ def test_speculators_export_is_read_by_vllm(tmp_path):
         )
         == 0
     )
+    out = out / LATEST_EXPORT
     raw = json.loads((out / "config.json").read_text())
     layer = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(raw)))
     assert layer["architectures"] == ["Eagle3LlamaForCausalLM"]
@@ -118,6 +120,47 @@ def test_export_checkpoint_choice_and_errors(tmp_path):
         )
         == 0
     )
-    assert json.loads(result.read_text())["artifacts"]["path"] == str(workspace.export_dir)
-    assert (workspace.export_dir / "model.safetensors").exists()
+    published = json.loads(result.read_text())
+    digest = published["metrics"]["digest"]
+    version = workspace.export_dir / export_version(digest)
+    assert published["artifacts"]["path"] == str(version)
+    assert (version / "model.safetensors").exists()
     assert eagle3(["export", "--workspace", str(workspace.root), "--checkpoint", "step-9"]) == 1
+
+
+def test_an_export_is_published_under_its_digest_and_never_overwritten(tmp_path):
+    workspace = _workspace_with_checkpoint(tmp_path, step=4)
+    draft = tiny_draft(draft_vocab_size=20, seed=1)
+    write_checkpoint(
+        workspace,
+        8,
+        model_state=draft.trainable_state_dict(),
+        draft_config=draft.config,
+        training_state={},
+        manifest={"target": "org/target-model"},
+    )
+
+    def export(step: int) -> tuple[Path, str]:
+        result = tmp_path / "result.json"
+        argv = ["export", "--workspace", str(workspace.root), "--checkpoint", f"step-{step}"]
+        assert eagle3([*argv, "--result-file", str(result)]) == 0
+        published = json.loads(result.read_text())
+        return Path(published["artifacts"]["path"]), published["metrics"]["digest"]
+
+    first, first_digest = export(4)
+    first_weights = (first / "model.safetensors").read_bytes()
+    manifest = json.loads((first / EXPORT_MANIFEST).read_text())
+    assert manifest == {"digest": first_digest, "format": "eagle3", "checkpoint_step": 4}
+    assert draft_digest(first) == first_digest  # what is on disk is what the digest names
+    assert workspace.latest_export_dir.resolve() == first.resolve()
+
+    second, second_digest = export(8)
+    assert second_digest != first_digest and second.name == export_version(second_digest)
+    assert (first / "model.safetensors").read_bytes() == first_weights, "the first export was overwritten"
+    assert workspace.latest_export_dir.resolve() == second.resolve()
+
+    again, again_digest = export(4)  # the same content: the published directory, untouched
+    assert (again, again_digest) == (first, first_digest)
+    assert sorted(p.name for p in workspace.export_dir.iterdir()) == sorted(
+        [first.name, second.name, LATEST_EXPORT]
+    ), "no staging directory is left behind"

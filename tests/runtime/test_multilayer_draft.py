@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import write_samples
-from eagle3_runtime.layout import StageResult, Workspace
+from eagle3_runtime.layout import LATEST_EXPORT, StageResult, Workspace
 from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.target import load_target_config
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
@@ -74,6 +74,7 @@ def test_two_layer_draft_trained_in_epochs_is_served_by_vllm_in_both_formats(tmp
             "--format", fmt, "--output", str(out), "--target", str(target),
         ]) == 0
         # fmt: on
+    drafts = {fmt: out / LATEST_EXPORT for fmt, out in drafts.items()}
     plain = load_file(str(drafts["eagle3"] / "model.safetensors"))
     assert plain["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * config.hidden_size
     assert plain["layers.1.self_attn.q_proj.weight"].shape[1] == config.hidden_size

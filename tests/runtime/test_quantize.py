@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import write_eagle3_dir
+from eagle3_runtime.layout import LATEST_EXPORT
 from eagle3_runtime.model.attention import TTTAttention
 from eagle3_runtime.quantize import dequantized_fp8_weights, load_draft
 from tests.runtime.test_model import tiny_draft, tiny_target_config
@@ -91,7 +92,7 @@ def export_trained_like(directory, num_layers=1):
 
 def quantize(exported, out, scheme):
     assert eagle3(["quantize", "--input", str(exported), "--output", str(out), "--scheme", scheme]) == 0
-    return out
+    return out / LATEST_EXPORT
 
 
 @pytest.fixture(scope="module")

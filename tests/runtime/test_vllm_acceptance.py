@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import write_eagle3_dir
 from eagle3_runtime.hidden_states import write_samples
-from eagle3_runtime.layout import StageResult, Workspace
+from eagle3_runtime.layout import LATEST_EXPORT, StageResult, Workspace
 from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead, load_target_config
@@ -199,11 +199,13 @@ def test_trained_draft_is_accepted_by_vllm(tmp_path):
         )
         == 0
     )
+    exported = exported / LATEST_EXPORT  # the versioned directory the export stage published
     exported_config = json.loads((exported / "config.json").read_text())
     assert exported_config["eagle_aux_hidden_state_layer_ids"] == layer_ids
 
     quantised = tmp_path / "draft-fp8"
     assert eagle3(["quantize", "--input", str(exported), "--output", str(quantised), "--scheme", "fp8"]) == 0
+    quantised = quantised / LATEST_EXPORT
 
     measured = {}
     for name, draft in (

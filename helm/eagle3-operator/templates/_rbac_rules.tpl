@@ -40,6 +40,10 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, list]
+# The serving pods' PodDisruptionBudget (listed per reconcile, like the monitors).
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, create, patch]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, podmonitors]
   verbs: [get, list, create, patch]

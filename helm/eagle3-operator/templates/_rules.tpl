@@ -66,6 +66,23 @@ groups:
           description: {{ printf "vLLM generates %s tokens/s but proposes no draft tokens: speculative decoding is off or the draft failed to load. Check the server's --speculative-config and logs." "{{ $value | printf \"%.1f\" }}" | quote }}
       {{- end }}
       {{- end }}
+      {{- with $alerts.draftDegraded }}
+      {{- if .enabled }}
+      # The operator's DraftDegraded condition (live acceptance over spec.liveAcceptance's window below
+      # degradedRatio x the draft's evaluated acceptance); the value is the live acceptance length.
+      - alert: Eagle3DraftDegraded
+        expr: |
+          max by ({{ $by }}) (eagle3_specdecode_live_acceptance_length)
+          and on ({{ $by }})
+          (max by ({{ $by }}) (eagle3_specdecode_draft_degraded) == 1)
+        for: {{ .for | default "5m" }}
+        labels:
+          severity: {{ .severity | default "warning" }}
+        annotations:
+          summary: {{ printf "The draft of %s/%s accepts fewer tokens live than when it was evaluated" "{{ $labels.namespace }}" "{{ $labels.specdecodedeployment }}" | quote }}
+          description: {{ printf "Live mean acceptance length %s is below spec.liveAcceptance.degradedRatio times the evaluated one (condition DraftDegraded; `kubectl describe specdecodedeployment %s` shows both). The traffic moved away from the training data: retrain the draft on recent prompts." "{{ $value | printf \"%.2f\" }}" "{{ $labels.specdecodedeployment }}" | quote }}
+      {{- end }}
+      {{- end }}
       {{- with $alerts.servingUnavailable }}
       {{- if .enabled }}
       - alert: Eagle3SpecDecodeServingUnavailable

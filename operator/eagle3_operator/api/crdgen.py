@@ -155,6 +155,13 @@ def build_crds() -> dict[str, dict[str, Any]]:
                 "jsonPath": ".status.resolvedDraft.uri",
                 "description": "The draft the pods serve (kept while Draft-Resolved is False)",
             },
+            {
+                "name": "Live-AL",
+                "type": "number",
+                "jsonPath": ".status.liveAcceptanceLength",
+                "description": "Live mean acceptance length of the current revision over the live window",
+            },
+            _condition_column("Degraded", "DraftDegraded") | {"priority": 1},
             {"name": "Target", "type": "string", "jsonPath": ".spec.target.model", "priority": 1},
             {"name": "Source", "type": "string", "jsonPath": ".status.resolvedDraft.source", "priority": 1},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},

@@ -424,8 +424,13 @@ class ExportedDraft(ApiModel):
     """The exported draft, loadable by vLLM (method eagle3)."""
 
     claim_name: str = Field(description="PVC holding the draft.")
-    path: str = Field(description="Directory inside the PVC.")
+    path: str = Field(
+        description="Directory inside the PVC: DESTINATION/sha256-<digest prefix>, never overwritten by a later export."
+    )
     uri: str = Field(description="pvc://CLAIM/PATH, usable as a SpecDecodeDeployment draft.model.")
+    digest: str | None = Field(
+        None, description="sha256 content digest of the draft's files (also in its eagle3-export.json)."
+    )
     format: str = Field(description="Checkpoint format.")
     quantization: str = Field(description="Draft quantization.")
 

@@ -47,6 +47,11 @@ class DraftSource(ApiModel):
         description="Name of a DraftTraining in this namespace; its exported draft is used once it succeeds, "
         "and kept (status.resolvedDraft) when it is later deleted, re-opened or fails.",
     )
+    acceptance_length: Annotated[float, Field(ge=1, le=65)] | None = Field(
+        None,
+        description="Mean acceptance length the draft reached when it was evaluated, for a draft.model "
+        "(a DraftTraining's export carries its own); liveAcceptance.degradedRatio compares against it.",
+    )
 
 
 class ServiceSpec(ApiModel):
@@ -70,6 +75,75 @@ class MonitoringSpec(ApiModel):
     )
 
 
+# An integer or a percentage, as Deployments and PodDisruptionBudgets take them ("1", "25%").
+IntOrPercent = Annotated[str, Field(max_length=8, pattern=r"^[0-9]+%?$")]
+
+
+class RolloutSpec(ApiModel):
+    """How a new pod template (a new draft, a changed spec) replaces the running vLLM pods."""
+
+    max_surge: IntOrPercent = Field(
+        "25%",
+        description="Pods above replicas during a rollout (a count or a percentage; 0 needs no spare GPU).",
+    )
+    max_unavailable: IntOrPercent = Field(
+        "0", description="Pods below replicas during a rollout (a count or a percentage)."
+    )
+    startup_timeout_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
+        1800,
+        description="How long a vLLM pod may take to download and load its models before its startup probe "
+        "fails; the Deployment reports ProgressDeadlineExceeded 600 s after that.",
+    )
+
+
+class DisruptionBudgetSpec(ApiModel):
+    """The PodDisruptionBudget that limits voluntary evictions (node drains) of the vLLM pods."""
+
+    enabled: bool = Field(True, description="Create the PodDisruptionBudget.")
+    max_unavailable: IntOrPercent = Field(
+        "1", description="vLLM pods a drain may evict at once (a count or a percentage)."
+    )
+
+
+class LiveAcceptanceSpec(ApiModel):
+    """Live acceptance: the operator reads the vLLM pods' speculative-decoding counters."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                # The section's `default: {}` is checked before its fields are defaulted.
+                cel(
+                    "(has(self.windowSeconds) ? self.windowSeconds : 300)"
+                    " >= 2 * (has(self.intervalSeconds) ? self.intervalSeconds : 30)",
+                    "liveAcceptance.windowSeconds must be at least twice intervalSeconds",
+                )
+            ]
+        }
+    }
+
+    enabled: bool = Field(True, description="Read the counters and report live acceptance in status.")
+    prometheus_url: Annotated[str, Field(max_length=512, pattern=r"^https?://")] | None = Field(
+        None,
+        description="Query this Prometheus (its base URL) for the counters instead of reading each pod's "
+        "/metrics; its series must carry the namespace and specdecodedeployment labels (the monitors' "
+        "relabelling) and the pod label.",
+    )
+    interval_seconds: Annotated[int, Field(ge=5, le=3600)] = Field(
+        30, description="How often the counters are read."
+    )
+    window_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
+        300, description="The window that live figures (and DraftDegraded) are computed over."
+    )
+    degraded_ratio: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.8,
+        description="DraftDegraded turns True when the live mean acceptance length over a full window is "
+        "below this fraction of the draft's evaluated acceptance length.",
+    )
+    min_drafts: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        100, description="Drafts a window needs before DraftDegraded is judged."
+    )
+
+
 class SpecDecodeDeploymentSpec(ApiModel):
     """A vLLM Deployment that serves the target with speculative decoding by an EAGLE-3 draft."""
 
@@ -89,6 +163,13 @@ class SpecDecodeDeploymentSpec(ApiModel):
     pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
     image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     monitoring: MonitoringSpec = section(MonitoringSpec, "ServiceMonitor / PodMonitor toggles.")
+    rollout: RolloutSpec = section(RolloutSpec, "Rolling update and start-up budget of the vLLM pods.")
+    disruption_budget: DisruptionBudgetSpec = section(
+        DisruptionBudgetSpec, "PodDisruptionBudget of the vLLM pods."
+    )
+    live_acceptance: LiveAcceptanceSpec = section(
+        LiveAcceptanceSpec, "Live acceptance from vLLM's counters and the DraftDegraded condition."
+    )
 
 
 class DraftTrainingRef(ApiModel):
@@ -123,6 +204,31 @@ class ResolvedDraft(ApiModel):
     )
 
 
+class MeasurementWindow(ApiModel):
+    """The interval the live figures were measured over (counter deltas between two reads)."""
+
+    start: str = Field(description="First read of the window (RFC 3339).")
+    end: str = Field(description="Last read of the window (RFC 3339).")
+    seconds: float = Field(description="end - start.")
+
+
+class RevisionAcceptance(ApiModel):
+    """Live speculative-decoding figures of the pods of one pod-template revision."""
+
+    revision: str = Field(description="The pod template's revision (annotation eagle3.ai/revision).")
+    draft: str | None = Field(None, description="The draft those pods serve (digest, or what identifies it).")
+    pods: int = Field(description="Pods whose counters were read.")
+    mean_acceptance_length: float | None = Field(
+        None, description="1 + accepted / drafts over the window (vLLM's definition); none without drafts."
+    )
+    per_position_acceptance: list[float] = Field(
+        default_factory=list, description="Accepted tokens at draft position i per draft, over the window."
+    )
+    generated_tokens_per_second: float = Field(description="Output tokens per second over the window.")
+    drafts: int = Field(description="Drafts proposed in the window.")
+    window: MeasurementWindow = Field(description="What the figures were measured over.")
+
+
 class SpecDecodeDeploymentStatus(ApiModel):
     """Observed state of the service."""
 
@@ -132,7 +238,7 @@ class SpecDecodeDeploymentStatus(ApiModel):
     selector: str | None = Field(None, description="Label selector of the pods (scale subresource).")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Available, Progressing and DraftResolved.",
+        description="Available, Progressing, DraftResolved and DraftDegraded.",
         json_schema_extra=CONDITIONS_FIELD,
     )
     resolved_draft: ResolvedDraft | None = Field(
@@ -141,6 +247,13 @@ class SpecDecodeDeploymentStatus(ApiModel):
         "resets it; a newer successful export of the DraftTraining replaces it.",
     )
     endpoint: str | None = Field(None, description="OpenAI-compatible base URL inside the cluster.")
+    live_acceptance: list[RevisionAcceptance] = Field(
+        default_factory=list,
+        description="Live figures per pod-template revision with pods in the window, the current one first.",
+    )
+    live_acceptance_length: float | None = Field(
+        None, description="Live mean acceptance length of the current revision (the printer column)."
+    )
 
 
 class SpecDecodeDeployment(ApiModel):

@@ -205,12 +205,18 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
     return args + list(target.extra_args)
 
 
-def vllm_container(target: TargetSpec, args: list[str], mounts: Mounts) -> dict[str, Any]:
-    """The vLLM server container with /health probes; model loading may take many minutes."""
+def vllm_container(
+    target: TargetSpec, args: list[str], mounts: Mounts, startup_failures: int = STARTUP_PROBE_FAILURES
+) -> dict[str, Any]:
+    """The vLLM server container with /health probes; model loading may take many minutes.
+
+    A saturated server answers /health late: readiness allows a minute of slow or missed answers
+    before the pod leaves the Service (whose other pods are as busy), liveness two.
+    """
     probe = {
         "httpGet": {"path": "/health", "port": "http"},
         "periodSeconds": PROBE_PERIOD_S,
-        "timeoutSeconds": 5,
+        "timeoutSeconds": 10,
     }
     return {
         "name": "vllm",
@@ -229,19 +235,25 @@ def vllm_container(target: TargetSpec, args: list[str], mounts: Mounts) -> dict[
         ),
         "resources": gpu_resources(target, target.gpus, target.resources.to_json()),
         "volumeMounts": mounts.mounts,
-        "startupProbe": probe | {"failureThreshold": STARTUP_PROBE_FAILURES},
-        "readinessProbe": probe | {"failureThreshold": 3},
-        "livenessProbe": probe | {"failureThreshold": 6},
+        "startupProbe": probe | {"failureThreshold": startup_failures},
+        "readinessProbe": probe | {"failureThreshold": 6},
+        "livenessProbe": probe | {"failureThreshold": 12},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
-def vllm_pod_spec(target: TargetSpec, args: list[str], mounts: Mounts, policy: PodPolicy) -> dict[str, Any]:
+def vllm_pod_spec(
+    target: TargetSpec,
+    args: list[str],
+    mounts: Mounts,
+    policy: PodPolicy,
+    startup_failures: int = STARTUP_PROBE_FAILURES,
+) -> dict[str, Any]:
     """A vLLM server pod. It needs no Kubernetes API, so it mounts no ServiceAccount token."""
     mounts.add_shm(target.shm_size)
     mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")
     pod_spec = {
-        "containers": [vllm_container(target, args, mounts)],
+        "containers": [vllm_container(target, args, mounts, startup_failures)],
         "volumes": mounts.volumes,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 60,

@@ -11,9 +11,15 @@ from typing import Any
 from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
+from eagle3_operator.reconcile.live_acceptance import (
+    REVISION_ANNOTATION,
+    History,
+    degradation,
+    revision_figures,
+)
 from eagle3_operator.reconcile.plan import Event, Plan, iso
 from eagle3_operator.reconcile.pods import (
-    SERVER_PROGRESS_DEADLINE_S,
+    PROBE_PERIOD_S,
     Mounts,
     PodPolicy,
     model_location,
@@ -30,6 +36,12 @@ from eagle3_operator.reconcile.stuck import (
 )
 
 MONITORING_API = "monitoring.coreos.com/v1"
+# The Deployment reports ProgressDeadlineExceeded this long after a pod's start-up budget: a pod
+# still within its startup probe's budget is slow, not stuck.
+PROGRESS_DEADLINE_SLACK_S = 600
+# Requests of a vLLM container whose spec sets none, so GPU pods are Burstable, not BestEffort (the
+# first evicted under node memory pressure); target.resources sets the real size.
+DEFAULT_REQUESTS = {"cpu": "500m", "memory": "4Gi"}
 
 
 @dataclass
@@ -44,6 +56,8 @@ class ServingObserved:
     pods: list[dict[str, Any]] = field(default_factory=list)
     # Children the API server refused in this reconcile's writes.
     refused: list[Refusal] = field(default_factory=list)
+    # Reads of the vLLM pods' speculative-decoding counters (None: live acceptance is off).
+    counters: History | None = None
 
 
 # On the vLLM pod template: which export of a DraftTraining the pods load (its digest when the
@@ -112,9 +126,10 @@ def resolve_draft(
     """
     draft = sdd.spec.draft
     if draft.model:
-        return DraftResolution(
-            True, "FromSpec", f"draft {draft.model}", {"uri": draft.model, "source": "spec.draft.model"}
-        )
+        record: dict[str, Any] = {"uri": draft.model, "source": "spec.draft.model"}
+        if draft.acceptance_length is not None:
+            record["acceptanceLength"] = draft.acceptance_length
+        return DraftResolution(True, "FromSpec", f"draft {draft.model}", record)
     name = draft.from_draft_training
     source = f"DraftTraining/{name}"
     pin = pinned if pinned and pinned.get("source") == source and pinned.get("uri") else None
@@ -147,6 +162,11 @@ def resolve_draft(
     return DraftResolution(False, fresh_reason, f"{what}; serving the target alone {until}")
 
 
+def int_or_percent(value: str) -> int | str:
+    """A Deployment's or PodDisruptionBudget's intOrString from the spec's string form."""
+    return value if value.endswith("%") else int(value)
+
+
 def speculative_config(model: str, num_tokens: int, revision: str | None) -> str:
     config: dict[str, Any] = {"method": "eagle3", "model": model, "num_speculative_tokens": num_tokens}
     if revision:
@@ -168,6 +188,10 @@ class ServingPlanner:
         """The vLLM Deployment serving `draft` (a resolvedDraft record; None: the target alone)."""
         spec = self.sdd.spec
         target = spec.target
+        requests = DEFAULT_REQUESTS | dict(target.resources.requests)
+        target = target.model_copy(
+            update={"resources": target.resources.model_copy(update={"requests": requests})}
+        )
         mounts = Mounts()
         model = model_location(target.model, "target", mounts)
         args = vllm_args(target, model, spec.served_model_name or target.model)
@@ -180,10 +204,16 @@ class ServingPlanner:
             if "draftTraining" in draft:
                 export_id = draft.get("digest") or draft["draftTraining"].get("uid", "")
                 template_metadata["annotations"] = {DRAFT_EXPORT_ANNOTATION: export_id}
-        pod_spec = vllm_pod_spec(target, args, mounts, PodPolicy.of(spec))
+        startup_s = spec.rollout.startup_timeout_seconds
+        startup_failures = -(-startup_s // PROBE_PERIOD_S)
+        pod_spec = vllm_pod_spec(target, args, mounts, PodPolicy.of(spec), startup_failures)
         template = {"metadata": template_metadata, "spec": pod_spec}
+        revision = meta.content_hash(template)
+        template_metadata["annotations"] = template_metadata.get("annotations", {}) | {
+            REVISION_ANNOTATION: revision
+        }
         metadata = meta.object_meta(self.body, self.name, self.labels)
-        metadata["annotations"] = {meta.TEMPLATE_HASH_ANNOTATION: meta.content_hash(template)}
+        metadata["annotations"] = {meta.TEMPLATE_HASH_ANNOTATION: revision}
         deployment = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
@@ -191,11 +221,34 @@ class ServingPlanner:
             "spec": {
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": self.selector},
-                "progressDeadlineSeconds": SERVER_PROGRESS_DEADLINE_S,
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {
+                        "maxSurge": int_or_percent(spec.rollout.max_surge),
+                        "maxUnavailable": int_or_percent(spec.rollout.max_unavailable),
+                    },
+                },
+                "progressDeadlineSeconds": startup_failures * PROBE_PERIOD_S + PROGRESS_DEADLINE_SLACK_S,
                 "template": template,
             },
         }
         return deployment, draft_path
+
+    def disruption_budget(self) -> list[dict[str, Any]]:
+        budget = self.sdd.spec.disruption_budget
+        if not budget.enabled:
+            return []
+        return [
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": meta.object_meta(self.body, self.name, self.labels),
+                "spec": {
+                    "selector": {"matchLabels": self.selector},
+                    "maxUnavailable": int_or_percent(budget.max_unavailable),
+                },
+            }
+        ]
 
     def monitors(self) -> list[dict[str, Any]]:
         monitoring = self.sdd.spec.monitoring
@@ -254,6 +307,7 @@ class ServingPlanner:
         plan.sync += [
             deployment,
             service(svc_meta, self.selector, spec.service.port, type=spec.service.type),
+            *self.disruption_budget(),
             *self.monitors(),
         ]
         status = copy.deepcopy(old)
@@ -275,6 +329,7 @@ class ServingPlanner:
         previous = get_condition(conditions, "DraftResolved")
         set_condition(conditions, "DraftResolved", draft.resolved, draft.reason, draft.message, gen, now)
         plan.events += self._draft_events(draft, previous, served)
+        self._live_acceptance(status, conditions, draft.draft, deployment, plan)
         available, reason, message = self._availability(ready)
         progressing, progress_reason, progress_message = self._progressing(deployment)
         for type_, status_, problem in self._stuck(available, progressing):
@@ -289,7 +344,7 @@ class ServingPlanner:
         set_condition(conditions, "Available", available, reason, message, gen, now)
         set_condition(conditions, "Progressing", progressing, progress_reason, progress_message, gen, now)
         if self.observed.refused:
-            plan.requeue_after = REFUSAL_RETRY_S
+            plan.requeue_after = min(plan.requeue_after or REFUSAL_RETRY_S, REFUSAL_RETRY_S)
         previous_available = get_condition(old.get("conditions") or [], "Available")
         if previous_available and previous_available.get("status") != ("True" if available else "False"):
             plan.events.append(
@@ -300,6 +355,58 @@ class ServingPlanner:
         status["conditions"] = conditions
         plan.status = status
         return plan
+
+    def _live_acceptance(
+        self,
+        status: dict[str, Any],
+        conditions: list[dict[str, Any]],
+        draft: dict[str, Any] | None,
+        deployment: dict[str, Any],
+        plan: Plan,
+    ) -> None:
+        """status.liveAcceptance from the counter reads, and DraftDegraded for the current revision."""
+        live = self.sdd.spec.live_acceptance
+        history = self.observed.counters
+        if not live.enabled or history is None or draft is None:
+            status.pop("liveAcceptance", None)
+            status.pop("liveAcceptanceLength", None)
+            conditions[:] = [c for c in conditions if c["type"] != "DraftDegraded"]
+            return
+        current = deployment["metadata"]["annotations"][meta.TEMPLATE_HASH_ANNOTATION]
+        figures = revision_figures(history, live.window_seconds, self.observed.now)
+        figures.sort(key=lambda f: (f["revision"] != current, f["revision"]))
+        if figures:
+            status["liveAcceptance"] = figures
+        else:
+            status.pop("liveAcceptance", None)
+        mine = next((f for f in figures if f["revision"] == current), None)
+        if mine and "meanAcceptanceLength" in mine:
+            status["liveAcceptanceLength"] = mine["meanAcceptanceLength"]
+        else:
+            status.pop("liveAcceptanceLength", None)
+        verdict = degradation(
+            mine,
+            draft.get("acceptanceLength"),
+            ratio=live.degraded_ratio,
+            window_s=live.window_seconds,
+            min_drafts=live.min_drafts,
+        )
+        was_degraded = (get_condition(conditions, "DraftDegraded") or {}).get("status") == "True"
+        set_condition(
+            conditions,
+            "DraftDegraded",
+            verdict.status,
+            verdict.reason,
+            verdict.message,
+            self.body["metadata"].get("generation"),
+            iso(self.observed.now),
+        )
+        if verdict.status == "True" and not was_degraded:
+            plan.events.append(Event("Warning", "DraftDegraded", verdict.message))
+        elif verdict.status == "False" and was_degraded:
+            plan.events.append(Event("Normal", "DraftRecovered", verdict.message))
+        if self.sdd.spec.replicas:
+            plan.requeue_after = min(plan.requeue_after or live.interval_seconds, live.interval_seconds)
 
     @staticmethod
     def _draft_events(

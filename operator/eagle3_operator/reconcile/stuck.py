@@ -14,6 +14,10 @@ from typing import Any
 # Waiting reasons of a container that is on its way; every other one is a problem the kubelet
 # reports (ImagePullBackOff, ErrImagePull, CrashLoopBackOff, CreateContainerConfigError, ...).
 STARTING_REASONS = {"ContainerCreating", "PodInitializing"}
+# The scheduler's word for a pod whose claim the PV controller has not bound yet: it retries once the
+# claim binds (seconds, on a cluster whose provisioner binds immediately), so this is a wait, not a
+# problem worth a Warning on every new object.
+UNBOUND_CLAIMS = "unbound immediate PersistentVolumeClaims"
 FAILED_CREATE = "FailedCreate"  # the Job/ReplicaSet controllers' Event and condition reason
 APPLY_FAILED = "ApplyFailed"  # the API server refused a child the operator wrote
 MAX_MESSAGE = 1000
@@ -68,6 +72,7 @@ def pod_problem(pod: dict[str, Any]) -> Problem | None:
             condition.get("type") == "PodScheduled"
             and condition.get("status") == "False"
             and condition.get("reason") == "Unschedulable"
+            and UNBOUND_CLAIMS not in (condition.get("message") or "")
         ):
             return Problem(
                 "Unschedulable", _clip(f"pod {name} cannot be scheduled: {condition.get('message')}")

@@ -52,6 +52,7 @@ from eagle3_operator.reconcile.stuck import (
     job_creation_problem,
 )
 from eagle3_runtime import stage_plan
+from eagle3_runtime.layout import export_version
 from eagle3_runtime.stage_plan import StageInputError, server_for, workspace_claim
 
 STAGE_CONDITIONS = {
@@ -481,11 +482,15 @@ class TrainingPlanner:
             best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
             updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
         if stage == stage_plan.stages(self.dt)[-1]:
-            claim, path = stage_plan.export_destination(self.dt)
+            claim, destination = stage_plan.export_destination(self.dt)
+            # The stage published the draft under its digest, beside earlier exports (never over them).
+            digest = str(results[0].metrics["digest"])
+            path = f"{destination}/{export_version(digest)}"
             updates["export"] = {
                 "claimName": claim,
                 "path": path,
                 "uri": f"pvc://{claim}/{path}",
+                "digest": digest,
                 "format": self.dt.spec.export.format,
                 "quantization": self.dt.spec.export.quantize,
             }
