@@ -4,10 +4,10 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTEST_ARGS ?=
 
-.PHONY: help env testbed test test-gpu lint cluster demo crds
+.PHONY: help env testbed test e2e test-gpu lint cluster demo crds
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 env: ## create the cached Python environment (torch, vLLM CPU build, kopf, ...)
 	@hack/python-env.sh >/dev/null
@@ -23,6 +23,13 @@ test: ## install what is missing (env, test bed, tiny target), then run the whol
 	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
 	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest $(PYTEST_ARGS)
+
+e2e: ## the end-to-end tests alone: helm install, kubectl apply the tiny-cpu example, train and serve on the test bed's real node (about 30 min; prints progress)
+	@hack/system-deps.sh
+	@bin=$$(hack/build-testbed.sh) && node=$$(hack/build-node.sh) && venv=$$(hack/python-env.sh) && \
+	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
+	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
+	  $$venv/bin/python -m pytest tests/e2e -rA $(PYTEST_ARGS)
 
 test-gpu: ## the GPU tests (tests/gpu), in the current python3 with a CUDA PyTorch, on a GPU machine
 	@python3 -m pytest -o addopts="-ra --strict-markers" --noconftest -p no:cacheprovider tests/gpu

@@ -64,7 +64,9 @@ class AsServiceAccount:
         if bound_pod:
             token = pod_bound_token(cluster, namespace, account, bound_pod)
         else:
-            token = cluster.service_account_token(namespace, account, expiration_s=3600)
+            # Valid for the whole test session: the end-to-end operator runs for more than an hour on
+            # a loaded machine.
+            token = cluster.service_account_token(namespace, account, expiration_s=6 * 3600)
         self.cluster = cluster
         self.namespace, self.account, self.workdir = namespace, account, workdir
         self.kubeconfig = workdir / f"{namespace}-{account}{'-' + bound_pod if bound_pod else ''}.kubeconfig"
@@ -132,13 +134,15 @@ def installed(
     values: dict[str, Any] | None = None,
     monitoring: bool = True,
     operator_in_cluster: bool = False,
+    data_claim: bool = True,
 ) -> Iterator[Installation]:
     """helm install (monitors and rules on unless not `monitoring`, plus `values`) and the operator
     started with the chart's ServiceAccount: here, or (operator_in_cluster) as the chart's
     Deployment on the real node, one replica, ready before this yields.
 
     mode "namespaced" lists the work namespace in watchNamespaces; "cluster-wide" only gives it the
-    runtime ServiceAccount (runtime.namespaces).
+    runtime ServiceAccount (runtime.namespaces). data_claim: bind the DATA_CLAIM PVC (for the played
+    stage pods); without it the test makes its own claims.
     """
     work = cluster.create_namespace(manual=True)  # stage pods stay Running until the test ends them
     system = cluster.create_namespace()
@@ -155,7 +159,8 @@ def installed(
         )  # fmt: skip
         as_operator = AsServiceAccount(cluster, system, deployment, tmp_path)
         as_runtime = AsServiceAccount(cluster, work, RUNTIME_ACCOUNT, tmp_path)
-        bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
+        if data_claim:
+            bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
         if operator_in_cluster:
             wait_until(
                 lambda: _leading_pod(cluster, system, deployment), timeout=180, interval=1,
