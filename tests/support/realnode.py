@@ -756,8 +756,16 @@ class RealNode:
         )
 
     def ready(self, cluster: LocalCluster) -> bool:
-        """Node Ready with its GPUs, and CoreDNS Ready (which needs pod networking and the Services)."""
-        node = cluster.request("GET", f"/api/v1/nodes/{self.name}")
+        """Node Ready with its GPUs, and CoreDNS Ready (which needs pod networking and the Services).
+        Not yet, too, while the kubelet has not registered the node (a 404)."""
+        from tests.support.cluster import ApiError  # cluster.py imports this module
+
+        try:
+            node = cluster.request("GET", f"/api/v1/nodes/{self.name}")
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
         status = node.get("status", {})
         node_ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
         gpus = status.get("allocatable", {}).get(testbed_kwok.GPU_RESOURCE) == str(GPUS)
