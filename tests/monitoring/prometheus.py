@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from eagle3_runtime.vllm_server import free_port
 from tests.chart.helm import CHART_DIR
 from tests.support.cluster import REPO_ROOT, find_bin_dir, wait_until
 
@@ -30,12 +30,6 @@ def server_binary() -> Path:
     """The Prometheus server with Kubernetes discovery: in $EAGLE3_PROMETHEUS_BIN, else built (once,
     cached) by hack/build-prometheus.sh."""
     return find_bin_dir("EAGLE3_PROMETHEUS_BIN", BUILD_SCRIPT, ("prometheus",)) / "prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Prometheus:
