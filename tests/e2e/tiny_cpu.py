@@ -94,23 +94,13 @@ class ServedDraft:
         return f"{self.service}.{self.namespace}.svc.{realnode.CLUSTER_DOMAIN}"
 
 
-def readable_copy(source: Path, destination: Path) -> Path:
-    """A world-readable copy: the cached tiny target's weights are mode 0600 (root), stage pods run
-    as uid 1000."""
-    shutil.copytree(source, destination)
-    for path in [destination, *destination.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return destination
-
-
 def make_claims(cluster: LocalCluster, namespace: str, data: Path) -> None:
     """The example's prerequisites: `models` holding tiny-target/, `prompts` holding the prompt sets."""
     models, prompts = data / MODELS_CLAIM, data / PROMPTS_CLAIM
     models.mkdir(parents=True)
-    readable_copy(ensure_tiny_target(), models / "tiny-target")
+    shutil.copytree(ensure_tiny_target(), models / "tiny-target")
     write_prompt_sets(prompts)
-    for path in [data, *prompts.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    realnode.readable_by_pods(data)
     for claim, folder in ((MODELS_CLAIM, models), (PROMPTS_CLAIM, prompts)):
         cluster.real_node.host_path_claim(cluster, namespace, claim, folder)
 

@@ -25,7 +25,6 @@ counter samples of the same window, and Prometheus' samples equal the pod's own 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -53,13 +52,6 @@ CHART_VALUES = {
         "podMonitor": {"interval": "1s", "scrapeTimeout": "1s"},
     },
 }
-
-
-def readable_by_pods(root: Path) -> None:
-    """Let the pods' user (uid 1000) read everything under root (the cached target's weights are
-    the cache owner's only)."""
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def real_node_serving_manifest(target_claim: str, draft_claim: str) -> dict:
@@ -110,7 +102,7 @@ def test_rules_and_dashboards_answer_from_a_live_vllm_pod_and_operator_pod(clust
     shutil.copytree(target, claims["target-model"] / "model")
     build_constant_draft(target, claims["draft-model"] / "model", token)
     for root in claims.values():
-        readable_by_pods(root)
+        realnode.readable_by_pods(root)
 
     with (
         prometheus_operator_crds(cluster),

@@ -83,8 +83,8 @@ def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
     models, drafts = tmp_path / "models", tmp_path / "drafts"
     shutil.copytree(target, models / "target")
     build_constant_draft(target, drafts / "constant", token)
-    for path in [*models.rglob("*"), models, *drafts.rglob("*"), drafts]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    realnode.readable_by_pods(models)
+    realnode.readable_by_pods(drafts)
     cluster.real_node.host_path_claim(cluster, ns, "target", models)
     cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
     operator = start_operator(ns)

@@ -233,6 +233,13 @@ exit 0
 """
 
 
+def readable_by_pods(root: Path) -> None:
+    """Let the pods' user (RUNTIME_UID) read everything under root, a host folder a claim serves
+    (the cached tiny target's weights are the cache owner's only)."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def _make_cgroup(name: str) -> None:
     """The node's cgroup root in every hierarchy (the kubelet requires it to exist)."""
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
