@@ -229,6 +229,19 @@ class RevisionAcceptance(ApiModel):
     window: MeasurementWindow = Field(description="What the figures were measured over.")
 
 
+class RejectedDraft(ApiModel):
+    """A draft the operator refused to serve, and why (it is not tried again until spec.draft changes)."""
+
+    digest: str | None = Field(None, description="Content digest of the rejected draft, when known.")
+    uri: str = Field(description="The draft as resolved (see resolvedDraft.uri).")
+    phase: Literal["Verification", "Canary"] = Field(
+        description="What rejected it: the correctness check before rollout, or the canary analysis."
+    )
+    reason: str = Field(description="CamelCase reason, as in the condition that reported it.")
+    message: str = Field(description="What was measured against which gate.")
+    rejected_at: str = Field(description="When (RFC 3339).")
+
+
 class SpecDecodeDeploymentStatus(ApiModel):
     """Observed state of the service."""
 
@@ -253,6 +266,10 @@ class SpecDecodeDeploymentStatus(ApiModel):
     )
     live_acceptance_length: float | None = Field(
         None, description="Live mean acceptance length of the current revision (the printer column)."
+    )
+    rejected_drafts: list[RejectedDraft] = Field(
+        default_factory=list,
+        description="Drafts refused by verification or rolled back by the canary analysis, newest last.",
     )
 
 
