@@ -36,6 +36,7 @@ WATCHED = (
     ("apps", "v1", "deployments", "Deployment", "apps/v1", MANAGED_LABELS),
     ("", "v1", "services", "Service", "v1", MANAGED_LABELS),
     ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", "v1", MANAGED_LABELS),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", "networking.k8s.io/v1", MANAGED_LABELS),
 )
 _state: dict[str, Any] = {}
 

@@ -12,6 +12,7 @@ from eagle3_operator.api.common import (
     Condition,
     ImagePullSecrets,
     ModelRef,
+    NetworkPolicySpec,
     PodSecuritySpec,
     SchedulingSpec,
     TargetSpec,
@@ -169,6 +170,10 @@ class SpecDecodeDeploymentSpec(ApiModel):
     )
     live_acceptance: LiveAcceptanceSpec = section(
         LiveAcceptanceSpec, "Live acceptance from vLLM's counters and the DraftDegraded condition."
+    )
+    network_policy: NetworkPolicySpec = section(
+        NetworkPolicySpec,
+        "A NetworkPolicy that admits to the vLLM pods only allowedClients (and each other).",
     )
 
 
