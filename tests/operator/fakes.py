@@ -112,7 +112,7 @@ def stage_metrics(stage: str, job: str) -> dict[str, Any]:
             "checkpoints": TRAIN_CHECKPOINTS,
         }
     if stage == "evaluate":
-        step = int(job.rsplit("-", 1)[-1])
+        step = int(job.split("-eval-")[-1].split("-")[0])  # NAME-eval-STEP[-rATTEMPT]
         return {
             "step": step,
             "acceptance_length": 2.0 + step / 250,
