@@ -484,10 +484,11 @@ class DraftTrainingStatus(ApiModel):
     )
 
 
-# Spec sections that are stage inputs -> the stages that read them (None: every stage). A section is
-# frozen once one of its readers is Running or Succeeded: their Jobs, files and results came from it, so
-# an edit would leave a status (and status.export) that describes another spec. A failed reader leaves it
-# editable (the edit retries the stage); spec.restart lifts the freeze by starting a new run.
+# Spec fields that are stage inputs -> the stages that read them (None: every stage). A field is frozen
+# once one of its readers is Running or Succeeded: their Jobs, files and results came from it, so an edit
+# would leave a status (and status.export) that describes another spec. A failed reader leaves it
+# editable (the edit retries the stage); spec.restart lifts the freeze by starting a new run. Adding a
+# stage that has not run (export.quantize after an export) stays possible.
 STAGE_INPUTS: dict[str, list[str] | None] = {
     "target": None,
     "storage": None,
@@ -496,11 +497,16 @@ STAGE_INPUTS: dict[str, list[str] | None] = {
     "draft": ["train"],
     "training": ["train"],
     "evaluation": ["evaluate", "select"],
-    "export": ["export", "quantize"],
+    "export.format": ["export"],
+    "export.claimName": ["export", "quantize"],
+    "export.path": ["export", "quantize"],
+    "export.quantize": ["quantize"],
 }
+# Fields of STAGE_INPUTS without a default (absent unless set).
+OPTIONAL_INPUTS = {"export.claimName", "export.path"}
 
 
-def _frozen_once_run(section: str, readers: list[str] | None) -> dict[str, str]:
+def _frozen_once_run(field: str, readers: list[str] | None) -> dict[str, str]:
     started = "(s.state == 'Running' || s.state == 'Succeeded')"
     if readers:
         names = ", ".join(f"'{r}'" for r in readers)
@@ -508,13 +514,16 @@ def _frozen_once_run(section: str, readers: list[str] | None) -> dict[str, str]:
         who = "stage " + " or ".join(readers) + " has run or is running"
     else:
         who = "a stage has run or is running"
+    new, old = f"self.spec.{field}", f"oldSelf.spec.{field}"
+    if field in OPTIONAL_INPUTS:
+        new, old = (f"(has({x}) ? {x} : '')" for x in (new, old))
     return cel(
-        f"self.spec.{section} == oldSelf.spec.{section} || self.spec.restart != oldSelf.spec.restart || "
+        f"{new} == {old} || self.spec.restart != oldSelf.spec.restart || "
         "!has(oldSelf.status) || !has(oldSelf.status.stages) || "
         f"!oldSelf.status.stages.exists(s, {started})",
-        f"spec.{section} cannot change once {who}: the results in status come from it. Set spec.restart "
+        f"spec.{field} cannot change once {who}: the results in status come from it. Set spec.restart "
         "to a higher value in the same edit to train again from the start, or create a new DraftTraining",
-        field_path=f".spec.{section}",
+        field_path=f".spec.{field}",
         reason="FieldValueForbidden",
     )
 
@@ -530,7 +539,7 @@ class DraftTraining(ApiModel):
                     "metadata.name must be at most 40 characters (child Job names derive from it)",
                     reason="FieldValueInvalid",
                 ),
-                *(_frozen_once_run(section, readers) for section, readers in STAGE_INPUTS.items()),
+                *(_frozen_once_run(field, readers) for field, readers in STAGE_INPUTS.items()),
                 cel(
                     "self.spec.restart >= oldSelf.spec.restart",
                     "spec.restart may only grow: each value is one run of the pipeline",
