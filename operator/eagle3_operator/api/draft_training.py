@@ -352,7 +352,9 @@ class DraftTrainingSpec(ApiModel):
         }
     }
 
-    target: TargetSpec = Field(description="The target model; immutable while the training runs.")
+    target: TargetSpec = Field(
+        description="The target model; frozen once a stage has run (a higher spec.restart trains again)."
+    )
     runtime: RuntimeSpec = section(RuntimeSpec, "Image and settings of the stage pods.")
     data: DataSpec = Field(description="Data generation.")
     hidden_states: HiddenStatesSpec = section(HiddenStatesSpec, "Hidden-state source for training.")
