@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.operator import fakes
 from tests.operator.harness import (
     complete_stage,
     condition,
@@ -17,6 +18,7 @@ from tests.operator.harness import (
     get,
     jobs_of,
     prepare_training_volumes,
+    spec_decode_path,
     stage_record,
     training_body,
     wait_stage_succeeded,
@@ -131,3 +133,18 @@ def test_a_finished_training_changes_target_only_through_a_restart(crds, manual_
     # Turned off, the policy goes.
     cluster.request("PATCH", path, {"spec": {"networkPolicy": {"enabled": False}}})
     wait_until(lambda: get(cluster, policy_path) is None, timeout=30, what="the NetworkPolicy removed")
+
+    # A SpecDecodeDeployment's: its vLLM pods admit the listed clients on the HTTP port.
+    serving = fakes.spec_decode(networkPolicy=policy)
+    serving["metadata"] = {"name": "chat", "namespace": ns}
+    created = cluster.request("POST", spec_decode_path(ns), serving)
+    serving_policy = wait_until(
+        lambda: get(cluster, f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/chat-pods"),
+        timeout=30,
+        what="the SpecDecodeDeployment's NetworkPolicy",
+    )
+    assert serving_policy["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    assert serving_policy["spec"]["podSelector"] == {
+        "matchLabels": {"eagle3.ai/spec-decode-deployment": "chat"}
+    }
+    assert serving_policy["spec"]["ingress"][1]["from"] == policy["allowedClients"]
