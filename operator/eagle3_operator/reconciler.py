@@ -283,29 +283,25 @@ class Reconciler:
                 with self._lock:
                     self._counters.pop((namespace, name), None)
                 return None
-            children = split_children(
-                body,
-                {
-                    kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
-                    for kind in ("Deployment", "Service", "Pod", "NetworkPolicy")
-                },
-            )
-            owned = children.ours
+            listed = {
+                kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
+                for kind in ("Deployment", "Service", "Pod", "NetworkPolicy")
+            }
             # Monitors and the disruption budget are few and not watched (monitor CRDs may come and
             # go): listed live.
             selector = f"{meta.SPEC_DECODE_LABEL}={name}"
-            budgets = [
+            listed["PodDisruptionBudget"] = [
                 b | {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget"}
                 for b in self.kube.list("policy/v1", "PodDisruptionBudget", namespace, selector)
             ]
             kinds = self.monitor_kinds()
-            monitors = {
-                kind: [
+            for kind in sorted(kinds):
+                listed[kind] = [
                     m | {"apiVersion": MONITORING_API, "kind": kind}
                     for m in self.kube.list(MONITORING_API, kind, namespace, selector)
                 ]
-                for kind in sorted(kinds)
-            }
+            children = split_children(body, listed)
+            owned = children.ours
             source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
             training = self.store.get(DT, namespace, source) if source else None
             deployment = next((d for d in owned["Deployment"] if d["metadata"]["name"] == name), None)
@@ -319,13 +315,7 @@ class Reconciler:
                 counters=self._read_counters(body, owned["Pod"], now),
             )
             plan = self._plan_serving(body, observed, owned["NetworkPolicy"], children.foreign)
-            live = [
-                *owned["Deployment"],
-                *owned["Service"],
-                *owned["NetworkPolicy"],
-                *budgets,
-                *(m for ms in monitors.values() for m in ms),
-            ]
+            live = [o for kind, objects in owned.items() if kind != "Pod" for o in objects]
             observed.refused, deferred = self._apply(body, plan, {key(o): o for o in live})
             if observed.refused:
                 # The same decision, with the refusals in its status.
