@@ -156,7 +156,7 @@ def apply_pod_policy(
     gpu_resource: str,
     runtime_user: bool = False,
 ) -> dict[str, Any]:
-    """Scheduling fields, the ROCm recipe for pods that get GPUs (REFERENCE section 4), the security
+    """Scheduling fields, the toleration of the GPU resource's taint for pods that get GPUs, the security
     contexts (runtime_user: the pod runs the eagle3 runtime image) and the image pull secrets."""
     scheduling = policy.scheduling
     tolerations = [t.to_json() for t in scheduling.tolerations]
