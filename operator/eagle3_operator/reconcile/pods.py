@@ -202,6 +202,8 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
         args += ["--quantization", "quark"]  # Quark fp8/mxfp4 checkpoints carry quant_method quark
     if target.max_model_len:
         args += ["--max-model-len", str(target.max_model_len)]
+    if target.attention_backend:
+        args += ["--attention-backend", target.attention_backend]
     return args + list(target.extra_args)
 
 
