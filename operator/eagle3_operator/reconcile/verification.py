@@ -44,9 +44,10 @@ def same_draft(record: dict[str, Any] | None, draft: dict[str, Any]) -> bool:
     return record is not None and draft_identity(record) == draft_identity(draft)
 
 
-def job_name(sdd_name: str, draft: dict[str, Any]) -> str:
-    """One Job per draft (at most 63 characters: the name is also a pod label)."""
-    return f"{sdd_name}-verify-{meta.content_hash(draft_identity(draft))[:5]}"
+def job_name(sdd_name: str, draft: dict[str, Any], draft_spec: str) -> str:
+    """One Job per draft and spec.draft (a changed spec.draft checks a rejected draft again); at
+    most 63 characters, as the name is also a pod label."""
+    return f"{sdd_name}-verify-{meta.content_hash([draft_identity(draft), draft_spec])[:5]}"
 
 
 def _prompt_arg(source: PromptSource, mounts: Mounts) -> str:
@@ -60,7 +61,9 @@ def _prompt_arg(source: PromptSource, mounts: Mounts) -> str:
     return arg
 
 
-def verify_job(body: dict[str, Any], sdd: SpecDecodeDeployment, draft: dict[str, Any]) -> dict[str, Any]:
+def verify_job(
+    body: dict[str, Any], sdd: SpecDecodeDeployment, draft: dict[str, Any], name: str
+) -> dict[str, Any]:
     """The Job that runs `eagle3 verify` for `draft`: a pod like the serving pod (the target and the
     draft mounted the same way, its GPUs, scheduling, security and vLLM settings)."""
     spec, check = sdd.spec, sdd.spec.verification
@@ -118,15 +121,16 @@ def verify_job(body: dict[str, Any], sdd: SpecDecodeDeployment, draft: dict[str,
         gpu_resource=target.gpu_resource_name,
         runtime_user=True,
     )
-    name = body["metadata"]["name"]
-    labels = meta.labels(name, COMPONENT, meta.SPEC_DECODE_LABEL)
+    labels = meta.labels(body["metadata"]["name"], COMPONENT, meta.SPEC_DECODE_LABEL)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": meta.object_meta(body, job_name(name, draft), labels),
+        "metadata": meta.object_meta(body, name, labels),
         "spec": {
             "backoffLimit": 0,  # a failed check is a verdict, not a flake to retry
             "activeDeadlineSeconds": check.deadline_seconds,
+            # The verdict lives on in status; the finished Job stays a day for its logs.
+            "ttlSecondsAfterFinished": 86_400,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
@@ -183,7 +187,7 @@ def gate(
         passed = checked is not None and checked["result"] == "Passed"
         condition = ("True", "Verified", checked["message"]) if passed else None
         return Gate(candidate, verification=previous, rejected=rejected, condition=condition)
-    name = job_name(body["metadata"]["name"], candidate)
+    name = job_name(body["metadata"]["name"], candidate, draft_spec)
     record = {**draft_identity(candidate), "job": name, "draftSpec": draft_spec}
     record = {k: v for k, v in record.items() if v is not None}
     running = f"verifying draft {uri} (Job {name}); {_keeps(served)} meanwhile"
@@ -191,7 +195,7 @@ def gate(
     if job is None:
         return Gate(
             served,
-            jobs=[verify_job(body, sdd, candidate)],
+            jobs=[verify_job(body, sdd, candidate, name)],
             verification=record | {"result": "Running", "message": running},
             rejected=rejected,
             condition=("Unknown", "Verifying", running),
