@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,13 +266,14 @@ def _server(config: VerifyConfig, log_dir: Path, name: str, draft: str | None) -
 def verify_draft(config: VerifyConfig) -> Verification:
     """Run the check (starting the servers unless they are given) and write the report."""
     prompts = verification_prompts(config)
+    log_dir = config.output or Path(tempfile.gettempdir())  # a pod's working directory may be read-only
     sides = {"baseline": (config.baseline_server, None), "candidate": (config.server, config.draft)}
     measured = {}
     for side, (url, draft) in sides.items():
         with contextlib.ExitStack() as stack:
             if not url:
                 # One server at a time: both fit where one GPU holds one.
-                url = stack.enter_context(_server(config, config.output or Path.cwd(), side, draft)).url
+                url = stack.enter_context(_server(config, log_dir, side, draft)).url
             measured[side] = asyncio.run(_side(url, prompts, config.max_tokens, side == "baseline"))
     (expected, _), (got, counters) = measured["baseline"], measured["candidate"]
     comparisons = [
