@@ -78,7 +78,7 @@ def test_a_first_draft_serves_only_after_its_verify_job_passes():
     assert (args.attention_backend, args.max_model_len, args.vllm_arg) == (
         "ROCM_AITER_FA",
         4096,
-        ["--enforce-eager"],
+        ["--tensor-parallel-size", "1", "--enforce-eager"],
     )
     assert (args.num_prompts, args.max_tokens, args.max_flips, args.min_acceptance_length) == (8, 32, 0, 1.4)
     assert args.num_speculative_tokens == 3 and args.result_file == "/dev/termination-log"

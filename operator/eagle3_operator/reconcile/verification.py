@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.draft_training import PromptSource
 from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import set_condition
@@ -24,11 +23,12 @@ from eagle3_operator.reconcile.pods import (
     PodPolicy,
     apply_pod_policy,
     gpu_resources,
-    hf_token_env,
-    merge_env,
     model_location,
-    user_env,
+    vllm_env,
+    vllm_model_args,
 )
+from eagle3_operator.reconcile.training import PodLocations
+from eagle3_runtime.stage_plan import _source_arg
 
 COMPONENT = "verify"
 PHASE = "Verification"
@@ -50,17 +50,6 @@ def job_name(sdd_name: str, draft: dict[str, Any], draft_spec: str) -> str:
     return f"{sdd_name}-verify-{meta.content_hash([draft_identity(draft), draft_spec])[:5]}"
 
 
-def _prompt_arg(source: PromptSource, mounts: Mounts) -> str:
-    root = f"/prompts/{source.claim_name}"
-    mounts.add_claim(f"prompts-{source.claim_name}", source.claim_name, root, read_only=True)
-    arg = f"{root}/{source.path},mode={source.mode}"
-    if source.prompt_field:
-        arg += f",prompt-field={source.prompt_field}"
-    if source.messages_field:
-        arg += f",messages-field={source.messages_field}"
-    return arg
-
-
 def verify_job(
     body: dict[str, Any], sdd: SpecDecodeDeployment, draft: dict[str, Any], name: str
 ) -> dict[str, Any]:
@@ -79,15 +68,12 @@ def verify_job(
         "--min-acceptance-length", format(check.min_acceptance_length, "g"),
     ]  # fmt: skip
     for source in check.prompts:
-        argv += ["--prompts", _prompt_arg(source, mounts)]
+        argv += ["--prompts", _source_arg(source, PodLocations(mounts))]
     if target.attention_backend:
         argv += ["--attention-backend", target.attention_backend]
     if target.max_model_len:
         argv += ["--max-model-len", str(target.max_model_len)]
-    vllm_args = [*(["--revision", target.revision] if target.revision else [])]
-    if target.quantization != "none":
-        vllm_args += ["--quantization", "quark"]
-    argv += [f"--vllm-arg={arg}" for arg in [*vllm_args, *target.extra_args]]
+    argv += [f"--vllm-arg={arg}" for arg in [*vllm_model_args(target), *target.extra_args]]
     mounts.add_shm(target.shm_size)
     mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")
     container = {
@@ -95,14 +81,7 @@ def verify_job(
         "image": check.image,
         "imagePullPolicy": check.image_pull_policy,
         "command": ["eagle3", *argv, "--result-file", TERMINATION_LOG],
-        "env": merge_env(
-            [
-                {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
-                {"name": "HF_HOME", "value": "/cache/huggingface"},
-                *hf_token_env(target),
-            ],
-            user_env(target),
-        ),
+        "env": vllm_env(target),
         "resources": gpu_resources(target, target.gpus, target.resources.to_json()),
         "volumeMounts": mounts.mounts,
         "terminationMessagePath": TERMINATION_LOG,
