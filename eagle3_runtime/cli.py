@@ -29,6 +29,7 @@ STAGES = {
     "select": "pick the best checkpoint by measured acceptance length",
     "export": "write a checkpoint as a vLLM-loadable draft directory",
     "quantize": "quantise an exported draft with AMD Quark (fp8, mxfp4)",
+    "verify": "check that a draft changes no greedy output and reaches an acceptance floor",
     "pipeline": "run the whole pipeline on this machine (no cluster)",
 }
 

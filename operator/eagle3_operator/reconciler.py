@@ -21,7 +21,7 @@ from eagle3_operator.api.spec_decode_deployment import LiveAcceptanceSpec
 from eagle3_operator.apply import apply_children, key, write_status
 from eagle3_operator.cache import CHANGED, PROGRESS, UNCHANGED, Store
 from eagle3_operator.kube import ApiError, Conflict, Kube, NamespaceTerminating, NotLeader
-from eagle3_operator.reconcile import meta
+from eagle3_operator.reconcile import meta, verification
 from eagle3_operator.reconcile.live_acceptance import (
     COUNTERS,
     REVISION_ANNOTATION,
@@ -285,7 +285,7 @@ class Reconciler:
                 return None
             listed = {
                 kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
-                for kind in ("Deployment", "Service", "Pod", "NetworkPolicy")
+                for kind in ("Deployment", "Service", "Pod", "Job", "NetworkPolicy")
             }
             # Monitors and the disruption budget are few and not watched (monitor CRDs may come and
             # go): listed live.
@@ -302,6 +302,7 @@ class Reconciler:
                 ]
             children = split_children(body, listed)
             owned = children.ours
+            verify_pods = [p for p in owned["Pod"] if _component(p) == verification.COMPONENT]
             source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
             training = self.store.get(DT, namespace, source) if source else None
             deployment = next((d for d in owned["Deployment"] if d["metadata"]["name"] == name), None)
@@ -311,8 +312,10 @@ class Reconciler:
                 deployment=deployment,
                 draft_training=training,
                 monitor_kinds=kinds,
-                pods=owned["Pod"],
+                pods=[p for p in owned["Pod"] if _component(p) != verification.COMPONENT],
                 counters=self._read_counters(body, owned["Pod"], now),
+                verify_jobs={j["metadata"]["name"]: j for j in owned["Job"]},
+                verify_pods=verify_pods,
             )
             plan = self._plan_serving(body, observed, owned["NetworkPolicy"], children.foreign)
             live = [o for kind, objects in owned.items() if kind != "Pod" for o in objects]
@@ -426,3 +429,7 @@ def read_prometheus_counters(
             if labels.get("pod") in samples:
                 samples[labels["pod"]].append((metric, labels, float(series["value"][1])))
     return {pod: counters_from_samples(found) for pod, found in samples.items() if found}
+
+
+def _component(obj: dict[str, Any]) -> str | None:
+    return (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
