@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Any, Protocol
 
 from eagle3_operator.api.draft_training import DraftTraining, PromptSource
 
 from eagle3_runtime.layout import Workspace
+
+# Per-object workspace directories live under this folder of the claim (workspace_path).
+WORKSPACE_RUNS = "runs"
 
 
 class StageInputError(ValueError):
@@ -50,6 +54,21 @@ def workspace_claim(dt: DraftTraining) -> str:
     return dt.spec.storage.existing_claim or f"{dt.metadata['name']}-workspace"
 
 
+def workspace_path(dt: DraftTraining) -> str:
+    """The object's own directory inside the workspace claim ("": the claim's root).
+
+    Keyed by the object's uid, so a DraftTraining deleted and created again under the same name,
+    or another one on the same `storage.existingClaim`, never reads this one's files. The operator
+    records it in `status.workspacePath` when the object starts and keeps it from then on (objects
+    started before there was one keep working in the claim's root); a manifest run by `eagle3
+    pipeline` has no uid and uses its workspace folder as it is.
+    """
+    if dt.status.workspace_path is not None:
+        return dt.status.workspace_path
+    uid = dt.metadata.get("uid")
+    return f"{WORKSPACE_RUNS}/{uid}" if uid else ""
+
+
 def stages(dt: DraftTraining) -> list[str]:
     """The stages in the order they run."""
     spec = dt.spec
@@ -73,12 +92,18 @@ def server_for(dt: DraftTraining, stage: str | None) -> str | None:
     return None
 
 
+def _workspace_export(dt: DraftTraining) -> str:
+    """Where the final draft goes inside the object's workspace directory, without export.claimName."""
+    quantize = dt.spec.export.quantize
+    return "export" if quantize == "none" else f"export-{quantize}"
+
+
 def export_destination(dt: DraftTraining) -> tuple[str, str]:
     """(claim, path inside the claim) of the final draft (after quantization, when asked)."""
     export = dt.spec.export
     if export.claim_name:
         return export.claim_name, export.path or dt.metadata["name"]
-    return workspace_claim(dt), ("export" if export.quantize == "none" else f"export-{export.quantize}")
+    return workspace_claim(dt), str(PurePosixPath(workspace_path(dt), _workspace_export(dt)))
 
 
 def checkpoints_to_evaluate(dt: DraftTraining, train_metrics: Mapping[str, Any]) -> list[int]:
@@ -115,10 +140,9 @@ def _source_arg(source: PromptSource, at: Locations, weight: float | None = None
 
 
 def _final_dir(dt: DraftTraining, at: Locations) -> str:
-    claim, path = export_destination(dt)
-    return (
-        str(Workspace(at.workspace).root / path) if claim == workspace_claim(dt) else at.output(claim, path)
-    )
+    if not dt.spec.export.claim_name:
+        return str(Workspace(at.workspace).root / _workspace_export(dt))
+    return at.output(*export_destination(dt))
 
 
 def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:

@@ -383,6 +383,11 @@ class DraftTrainer:
         from eagle3_runtime.export import read_eagle3_dir
 
         manifest, state = read_checkpoint(self.workspace, step)
+        if self.target_name and manifest.get("target") not in (None, self.target_name):
+            raise ValueError(
+                f"checkpoint step-{step:08d} was trained for target {manifest['target']}, this run's target is "
+                f"{self.target_name}: train for another target in a new workspace"
+            )
         config, weights = read_eagle3_dir(self.workspace.checkpoint_dir(step))
         if config.get("num_hidden_layers", 1) != self.draft_config.num_hidden_layers:
             raise ValueError(

@@ -36,6 +36,7 @@ WATCHED = (
     ("apps", "v1", "deployments", "Deployment", "apps/v1", MANAGED_LABELS),
     ("", "v1", "services", "Service", "v1", MANAGED_LABELS),
     ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", "v1", MANAGED_LABELS),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", "networking.k8s.io/v1", MANAGED_LABELS),
 )
 _state: dict[str, Any] = {}
 
@@ -84,6 +85,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.label_selectors["deployments"] = MANAGED
     settings.watching.label_selectors["services"] = MANAGED
     settings.watching.label_selectors["persistentvolumeclaims"] = MANAGED
+    settings.watching.label_selectors["networkpolicies"] = MANAGED
     # No limit on kopf's per-object workers: they only cache and queue (the reconciles are bounded by
     # --workers). A limit deadlocks kopf when more objects than it arrive before every indexed kind
     # is listed: the admitted workers wait for the index readiness, which waits for the objects

@@ -31,6 +31,9 @@ from eagle3_operator.reconcile.live_acceptance import (
     counters_from_samples,
     parse_metrics,
 )
+from eagle3_operator.reconcile.network_policy import plan_network_policy
+from eagle3_operator.reconcile.ownership import foreign_problem, split_children, withhold_foreign
+from eagle3_operator.reconcile.plan import Event
 from eagle3_operator.reconcile.pods import VLLM_PORT
 from eagle3_operator.reconcile.serving import (
     DRAFT_EXPORT_ANNOTATION,
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 DT, SDD = "DraftTraining", "SpecDecodeDeployment"
 MONITOR_KINDS_TTL_S = 60.0
 FAILED_CREATE_EVENTS = "involvedObject.kind=Job,reason=FailedCreate"
-TRAINING_CHILDREN = ("Job", "Pod", "Deployment", "Service", "PersistentVolumeClaim")
+TRAINING_CHILDREN = ("Job", "Pod", "Deployment", "Service", "PersistentVolumeClaim", "NetworkPolicy")
 # A status write that meets a newer object is re-planned from a fresh read this often in a row,
 # then the key goes back to the queue with its backoff.
 CONFLICT_ATTEMPTS = 3
@@ -204,11 +207,15 @@ class Reconciler:
                 kind: self.store.owned(kind, namespace, meta.DRAFT_TRAINING_LABEL, name)
                 for kind in TRAINING_CHILDREN
             }
+            children = split_children(body, listed)
+            ours = children.ours
             observed = TrainingObserved(
                 now=datetime.now(UTC),
-                jobs={j["metadata"]["name"]: j for j in listed["Job"]},
-                pods=listed["Pod"],
-                deployments={d["metadata"]["name"]: d for d in listed["Deployment"]},
+                jobs={j["metadata"]["name"]: j for j in ours["Job"]},
+                pods=ours["Pod"],
+                deployments={d["metadata"]["name"]: d for d in ours["Deployment"]},
+                network_policies=ours["NetworkPolicy"],
+                foreign=children.foreign,
             )
             if observed.jobs_lacking_pods():
                 observed.job_events = self._failed_create_events(namespace)
@@ -276,26 +283,26 @@ class Reconciler:
                 with self._lock:
                     self._counters.pop((namespace, name), None)
                 return None
-            owned = {
+            listed = {
                 kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
-                for kind in ("Deployment", "Service", "Pod", "Job")
+                for kind in ("Deployment", "Service", "Pod", "Job", "NetworkPolicy")
             }
-            verify_pods = [p for p in owned["Pod"] if _component(p) == verification.COMPONENT]
             # Monitors and the disruption budget are few and not watched (monitor CRDs may come and
             # go): listed live.
             selector = f"{meta.SPEC_DECODE_LABEL}={name}"
-            budgets = [
+            listed["PodDisruptionBudget"] = [
                 b | {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget"}
                 for b in self.kube.list("policy/v1", "PodDisruptionBudget", namespace, selector)
             ]
             kinds = self.monitor_kinds()
-            monitors = {
-                kind: [
+            for kind in sorted(kinds):
+                listed[kind] = [
                     m | {"apiVersion": MONITORING_API, "kind": kind}
                     for m in self.kube.list(MONITORING_API, kind, namespace, selector)
                 ]
-                for kind in sorted(kinds)
-            }
+            children = split_children(body, listed)
+            owned = children.ours
+            verify_pods = [p for p in owned["Pod"] if _component(p) == verification.COMPONENT]
             source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
             training = self.store.get(DT, namespace, source) if source else None
             deployment = next((d for d in owned["Deployment"] if d["metadata"]["name"] == name), None)
@@ -310,17 +317,12 @@ class Reconciler:
                 verify_jobs={j["metadata"]["name"]: j for j in owned["Job"]},
                 verify_pods=verify_pods,
             )
-            plan = plan_serving(body, observed)
-            children = [
-                *owned["Job"],
-                *owned["Deployment"],
-                *owned["Service"],
-                *budgets,
-                *(m for ms in monitors.values() for m in ms),
-            ]
-            observed.refused, deferred = self._apply(body, plan, {key(o): o for o in children})
+            plan = self._plan_serving(body, observed, owned["NetworkPolicy"], children.foreign)
+            live = [o for kind, objects in owned.items() if kind != "Pod" for o in objects]
+            observed.refused, deferred = self._apply(body, plan, {key(o): o for o in live})
             if observed.refused:
-                plan = plan_serving(body, observed)  # the same decision, with the refusals in its status
+                # The same decision, with the refusals in its status.
+                plan = self._plan_serving(body, observed, owned["NetworkPolicy"], children.foreign)
             self._write_status(SDD, body, plan)
             conditions = {c["type"]: c["status"] for c in plan.status.get("conditions") or []}
             metrics.PHASES.set(
@@ -328,6 +330,23 @@ class Reconciler:
             )
             metrics.record_serving(namespace, name, plan.status)
             return _requeue_after(plan, deferred)
+
+    @staticmethod
+    def _plan_serving(
+        body: dict[str, Any],
+        observed: ServingObserved,
+        policies: list[dict[str, Any]],
+        foreign: list[dict[str, Any]],
+    ) -> Any:
+        """plan_serving, with the NetworkPolicy and without writes to children of another owner (a
+        deleted SpecDecodeDeployment of the same name whose children the garbage collector has not
+        removed yet): those wait, with a Warning Event."""
+        plan = plan_serving(body, observed)
+        plan_network_policy(plan, body, meta.SPEC_DECODE_LABEL, policies)
+        for child in withhold_foreign(plan, foreign):
+            problem = foreign_problem(child, body)
+            plan.events.append(Event("Warning", problem.reason, problem.message))
+        return plan
 
     # ---- live acceptance -------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ def evaluation_summary(run: TrainingRun) -> str:
     """Per checkpoint: step, acceptance, per position, per domain (from the evaluate pods' own report
     files in the workspace volume), speedup."""
     lines = [f"evaluation of {run.name} on the real node (namespace {run.namespace}):"]
-    workspace = Workspace(run.workspace)
+    workspace = Workspace(run.workspace / run.status["workspacePath"])  # the run's own directory of the claim
     for checkpoint in run.status["checkpoints"]:
         step = checkpoint["step"]
         report = json.loads(workspace.evaluation_file(step).read_text())

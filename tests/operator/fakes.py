@@ -115,7 +115,7 @@ def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any
             "checkpoints": [str(total_steps // 2), str(total_steps)],
         }
     if stage == "evaluate":
-        step = int(job.rsplit("-", 1)[-1])
+        step = int(job.split("-eval-")[-1].split("-")[0])  # NAME-eval-STEP[-rATTEMPT]
         return {
             "step": step,
             "acceptance_length": acceptance_at(step, total_steps),

@@ -160,7 +160,9 @@ def test_operator_jobs_and_local_pipeline_run_the_same_commands(example, mode, t
     manifest.write_text(yaml.safe_dump(body))
     training = DraftTraining.model_validate(body)
     volumes = _local_volumes(tmp_path, training)
-    runner = PipelineRunner(load_config(manifest, volumes), tmp_path.resolve() / "ws")
+    # A pod works in the object's own directory of the workspace claim (stage_plan.workspace_path).
+    claim_root = tmp_path.resolve() / "ws"
+    runner = PipelineRunner(load_config(manifest, volumes), claim_root / stage_plan.workspace_path(training))
     train_metrics = _train_result(training)
 
     local = []
@@ -174,7 +176,7 @@ def test_operator_jobs_and_local_pipeline_run_the_same_commands(example, mode, t
 
     name = body["metadata"]["name"]
     folders = {claim: str(folder.resolve()) for claim, folder in volumes.items()}
-    folders[stage_plan.workspace_claim(training)] = str(runner.workspace.root)
+    folders[stage_plan.workspace_claim(training)] = str(claim_root)
     urls = {f"http://{name}-{server}:8000": url for server, url in LOCAL_SERVERS.items()}
     on_cluster = [
         _as_local(argv, mounted, folders, urls) for argv, mounted in _operator_commands(body, train_metrics)

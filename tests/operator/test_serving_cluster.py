@@ -156,7 +156,8 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
         lambda: _speculative_config(d := _deployment(cluster, ns)) and d, timeout=60, what="draft rolled in"
     )
     # The export's versioned directory (named by its digest), never a path a later export rewrites.
-    export = f"export/{export_version(EXPORT_DIGEST)}"
+    # In the training's own directory of its workspace claim.
+    export = f"runs/{training['metadata']['uid']}/export/{export_version(EXPORT_DIGEST)}"
     assert _speculative_config(rolled) == {"method": "eagle3", "model": f"/models/draft/{export}",
                                             "num_speculative_tokens": 3}  # fmt: skip
     volume = next(v for v in rolled["spec"]["template"]["spec"]["volumes"] if v["name"] == "draft-model")

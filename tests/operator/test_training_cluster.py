@@ -86,7 +86,11 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
     assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
     assert [c["step"] for c in status["checkpoints"]] == [50, 100]
     assert status["checkpoints"][0]["acceptancePerPosition"] == [0.6, 0.4]
-    assert status["export"]["uri"] == "pvc://llama-workspace/export/" + export_version(EXPORT_DIGEST)
+    uid = body["metadata"]["uid"]
+    assert status["workspacePath"] == f"runs/{uid}"
+    assert status["export"]["uri"] == f"pvc://llama-workspace/runs/{uid}/export/" + export_version(
+        EXPORT_DIGEST
+    )
     assert condition(body, "Ready")["status"] == "True"
     assert all(condition(body, c)["status"] == "True" for c in ("Generated", "HiddenStatesExtracted", "Trained",
                                                                  "Evaluated", "Selected", "Exported"))  # fmt: skip

@@ -96,11 +96,12 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
     wait_until(lambda: _replicas(cluster, ns, "llama-stream") == 1, timeout=30, what="stream server up")
     stream = _deployment(cluster, ns, "llama-stream")
     (container,) = stream["spec"]["template"]["spec"]["containers"]
+    uid = cluster.request("GET", draft_training_path(ns, "llama"))["metadata"]["uid"]
     assert container["command"][:6] == [
         "eagle3",
         "extract",
         "--workspace",
-        "/workspace",
+        f"/workspace/runs/{uid}",
         "--mode",
         "streaming",
     ]
@@ -255,8 +256,9 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     assert _flag(command, "--hidden-states") == "online" and _flag(command, "--layer-ids") == "1,5,9"
     assert _flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
     quantize = jobs["llama-quantize"]
-    assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", "/workspace/export/latest", "--output",
-                                      "/export/llama", "--scheme", "fp8"]  # fmt: skip
+    uid = quantize["metadata"]["ownerReferences"][0]["uid"]
+    assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", f"/workspace/runs/{uid}/export/latest",
+                                      "--output", "/export/llama", "--scheme", "fp8"]  # fmt: skip
 
     # The same Jobs' pods on the real node.
     real = real_node_namespace

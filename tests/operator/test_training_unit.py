@@ -127,7 +127,7 @@ def test_generate_job_runs_the_contract_command():
     assert job["metadata"]["name"] == "llama-generate"
     container = _container(job)
     assert container["command"] == [
-        "eagle3", "generate", "--workspace", "/workspace", "--server", "http://llama-target:8000",
+        "eagle3", "generate", "--workspace", "/workspace/runs/uid-1", "--server", "http://llama-target:8000",
         "--model", "meta-llama/Llama-3.1-8B-Instruct", "--source", "/sources/prompts/chat.jsonl,mode=chat,weight=1",
         "--num-samples", "100", "--max-tokens", "1024", "--temperature", "0.7", "--top-p", "0.95",
         "--concurrency", "64", "--seed", "0", "--on-bad-row", "skip", "--regenerate-turns", "all",
@@ -175,7 +175,7 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
         for step, length in ((50, 2.2), (100, 2.4))
     ]
     assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
-    assert status["export"]["uri"] == "pvc://llama-workspace/export/sha256-abababababababab"
+    assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-abababababababab"
     assert status["export"]["digest"] == "sha256:" + "ab" * 32
     assert _condition(status, "Ready")["status"] == "True"
     assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
@@ -192,7 +192,7 @@ def test_stage_pods_get_gpus_and_rocm_settings_where_they_load_the_target():
     plan = cluster.reconcile()
     extract = next(o for o in plan.create if o["metadata"]["name"] == "llama-extract")
     container = _container(extract)
-    assert container["command"][:8] == ["eagle3", "extract", "--workspace", "/workspace", "--mode", "offline",
+    assert container["command"][:8] == ["eagle3", "extract", "--workspace", "/workspace/runs/uid-1", "--mode", "offline",
                                         "--target", "org/m"]  # fmt: skip
     assert container["resources"]["limits"] == {"amd.com/gpu": "4"}
     assert extract["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"] == [44]
@@ -224,7 +224,7 @@ def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extra
     assert stream["spec"]["replicas"] == 1
     container = stream["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == [
-        "eagle3", "extract", "--workspace", "/workspace", "--mode", "streaming", "--target",
+        "eagle3", "extract", "--workspace", "/workspace/runs/uid-1", "--mode", "streaming", "--target",
         "meta-llama/Llama-3.1-8B-Instruct", "--layer-ids", "2,8,13", "--port", "8000", "--stream-port", "5600",
     ]  # fmt: skip
     assert container["resources"]["limits"] == {"amd.com/gpu": "1"}
@@ -372,10 +372,10 @@ def test_queue_name_export_claim_and_quantize():
     assert jobs["llama-train"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert jobs["llama-train"]["spec"]["suspend"] is True
     export = _container(jobs["llama-export"])["command"]
-    assert export[export.index("--output") + 1] == "/workspace/export"
+    assert export[export.index("--output") + 1] == "/workspace/runs/uid-1/export"
     assert export[export.index("--format") + 1] == "speculators"
     quantize = _container(jobs["llama-quantize"])["command"]
-    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/export/latest", "--output", "/export/llama",
+    assert quantize[:8] == ["eagle3", "quantize", "--input", "/workspace/runs/uid-1/export/latest", "--output", "/export/llama",
                             "--scheme", "fp8"]  # fmt: skip
     first = plan_training(
         fakes.draft_training(storage={"retainOnDelete": False}), TrainingObserved(now=fakes.NOW)

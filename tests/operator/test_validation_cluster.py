@@ -122,21 +122,41 @@ def test_epochs_and_a_warm_started_multi_layer_draft_are_accepted(crds: LocalClu
     assert bare["spec"]["draft"] == {"vocabSize": 32000, "layers": 1, "initialization": {"from": "scratch"}}
 
 
-def test_target_is_immutable_while_running_and_editable_after_failure(crds: LocalCluster, namespace: str):
+def test_stage_inputs_freeze_once_their_stage_runs_and_restart_lifts_it(crds: LocalCluster, namespace: str):
     crds.request("POST", draft_training_path(namespace), _dt(**{"metadata.name": "frozen"}))
     path = draft_training_path(namespace, "frozen")
-    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Running"}})
+    running = {"name": "generate", "state": "Running", "attempt": 0}
+    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Running", "stages": [running]}})
     change = {"spec": {"target": {"model": "org/other-model"}}}
     with pytest.raises(ApiError) as refused:
         crds.request("PATCH", path, change)
     assert refused.value.status == 422
-    assert "spec.target" in str(refused.value) and "immutable while the training is Running" in str(
+    assert "spec.target: Forbidden: spec.target cannot change once a stage has run or is running" in str(
         refused.value
-    )
-    # Other fields stay editable while running.
+    ), refused.value
+    with pytest.raises(ApiError) as refused:
+        crds.request("PATCH", path, {"spec": {"data": {"numSamples": 7}}})
+    assert "spec.data cannot change once stage generate has run or is running" in str(refused.value)
+    with pytest.raises(ApiError) as refused:
+        crds.request("PATCH", path, {"spec": {"restart": 0, "storage": {"size": "1Gi"}}})
+    assert "spec.storage cannot change" in str(refused.value)
+    # Inputs of stages that have not started, and settings that are no stage's input, stay editable.
     crds.request("PATCH", path, {"spec": {"evaluation": {"numSpeculativeTokens": 4}}})
-    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Failed"}})
+    crds.request("PATCH", path, {"spec": {"runtime": {"backoffLimit": 3}}})
+    # A failed stage's inputs are editable: the edit retries it.
+    failed = running | {"state": "Failed"}
+    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Failed", "stages": [failed]}})
     assert crds.request("PATCH", path, copy.deepcopy(change))["spec"]["target"]["model"] == "org/other-model"
+    # Once a stage has succeeded, only a new run (a higher spec.restart in the same edit) changes its inputs.
+    done = running | {"state": "Succeeded"}
+    crds.request("PATCH", f"{path}/status", {"status": {"phase": "Succeeded", "stages": [done]}})
+    back = {"spec": {"target": {"model": "org/first-model"}}}
+    with pytest.raises(ApiError):
+        crds.request("PATCH", path, copy.deepcopy(back))
+    assert crds.request("PATCH", path, back | {"spec": back["spec"] | {"restart": 1}})["spec"]["restart"] == 1
+    with pytest.raises(ApiError) as refused:
+        crds.request("PATCH", path, {"spec": {"restart": 0}})
+    assert "spec.restart may only grow" in str(refused.value)
 
 
 def test_kubectl_explain_describes_fields(crds: LocalCluster):

@@ -219,3 +219,10 @@ def test_resuming_with_another_layer_count_is_refused(tmp_path, target_dir):
     assert eagle3(train_args(workspace, target_dir, "--steps", "2")) == 0
     message = _failure(workspace, target_dir, "--draft-layers", "2")
     assert "step-00000002 has 1 decoder layer(s), this run 2" in message
+    # The checkpoints' manifest names the target they were trained for; another target never resumes them.
+    other_target = tmp_path / "other-target"
+    other_target.symlink_to(target_dir)
+    message = _failure(workspace, other_target)
+    assert (
+        f"step-00000002 was trained for target {target_dir}, this run's target is {other_target}" in message
+    )

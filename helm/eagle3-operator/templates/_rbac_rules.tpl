@@ -44,6 +44,10 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, create, patch]
+# spec.networkPolicy: kept in sync while enabled (watched), deleted once turned off.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, podmonitors]
   verbs: [get, list, create, patch]

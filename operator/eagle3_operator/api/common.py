@@ -229,6 +229,24 @@ class PodSecuritySpec(ApiModel):
     )
 
 
+class NetworkPolicySpec(ApiModel):
+    """A NetworkPolicy around the object's pods (enforced only where the cluster's network plugin
+    enforces NetworkPolicies)."""
+
+    enabled: bool = Field(
+        False,
+        description="Create a NetworkPolicy that admits to this object's pods only its own pods and "
+        "allowedClients (which reach the vLLM HTTP port alone: the OpenAI API and /metrics).",
+    )
+    allowed_clients: Annotated[list[dict[str, Any]], Field(max_length=16)] = Field(
+        default_factory=list,
+        description="NetworkPolicy peers (podSelector, namespaceSelector, ipBlock) that may reach the vLLM "
+        "HTTP port: your clients or gateway, your Prometheus, and the operator's pods when "
+        "liveAcceptance reads the pods' /metrics itself.",
+        json_schema_extra={"items": FREE_FORM_OBJECT},
+    )
+
+
 class Condition(ApiModel):
     """A status condition, as in metav1.Condition."""
 

@@ -12,6 +12,7 @@ from eagle3_operator.api.common import (
     Condition,
     ImagePullSecrets,
     ModelRef,
+    NetworkPolicySpec,
     Phase,
     PodSecuritySpec,
     Quantization,
@@ -351,7 +352,9 @@ class DraftTrainingSpec(ApiModel):
         }
     }
 
-    target: TargetSpec = Field(description="The target model; immutable while the training runs.")
+    target: TargetSpec = Field(
+        description="The target model; frozen once a stage has run (a higher spec.restart trains again)."
+    )
     runtime: RuntimeSpec = section(RuntimeSpec, "Image and settings of the stage pods.")
     data: DataSpec = Field(description="Data generation.")
     hidden_states: HiddenStatesSpec = section(HiddenStatesSpec, "Hidden-state source for training.")
@@ -363,6 +366,17 @@ class DraftTrainingSpec(ApiModel):
     pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
     image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     storage: StorageSpec = section(StorageSpec, "Workspace volume.")
+    network_policy: NetworkPolicySpec = section(
+        NetworkPolicySpec,
+        "A NetworkPolicy that admits to the pods only the DraftTraining's own pods (the hidden-state stream "
+        "server hands training samples to whoever connects) and allowedClients.",
+    )
+    restart: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        0,
+        description="Set to a higher value to train again from the first stage, in a fresh workspace "
+        "directory, with the spec as it is then: the one way to change the inputs of a stage that has run "
+        "(they are frozen once it starts; earlier runs' files stay on the claim).",
+    )
 
 
 class StageStatus(ApiModel):
@@ -446,7 +460,7 @@ class DraftTrainingStatus(ApiModel):
         description="One condition per stage, plus TargetReady, Failed and Ready.",
         json_schema_extra=CONDITIONS_FIELD,
     )
-    stages: list[StageStatus] = Field(
+    stages: Annotated[list[StageStatus], Field(max_length=16)] = Field(
         default_factory=list,
         description="Per-stage state and results.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
@@ -458,11 +472,61 @@ class DraftTrainingStatus(ApiModel):
     best_checkpoint: BestCheckpoint | None = Field(None, description="The checkpoint selected for export.")
     export: ExportedDraft | None = Field(None, description="The exported draft.")
     workspace_claim: str | None = Field(None, description="The workspace PVC.")
+    workspace_path: str | None = Field(
+        None,
+        description="This run's own directory inside the workspace PVC (runs/UID, runs/UID-restart-N after a "
+        "spec.restart); empty: the PVC's root, for objects started before there was one.",
+    )
+    restart: int | None = Field(None, description="The spec.restart this run started from.")
     start_time: str | None = Field(
         None, description="When the pipeline started.", json_schema_extra={"format": "date-time"}
     )
     completion_time: str | None = Field(
         None, description="When the pipeline ended.", json_schema_extra={"format": "date-time"}
+    )
+
+
+# Spec fields that are stage inputs -> the stages that read them (None: every stage). A field is frozen
+# once one of its readers is Running or Succeeded: their Jobs, files and results came from it, so an edit
+# would leave a status (and status.export) that describes another spec. A failed reader leaves it
+# editable (the edit retries the stage); spec.restart lifts the freeze by starting a new run. Adding a
+# stage that has not run (export.quantize after an export) stays possible.
+STAGE_INPUTS: dict[str, list[str] | None] = {
+    "target": None,
+    "storage": None,
+    "data": ["generate"],
+    "hiddenStates": ["extract", "train"],
+    "draft": ["train"],
+    "training": ["train"],
+    "evaluation": ["evaluate", "select"],
+    "export.format": ["export"],
+    "export.claimName": ["export", "quantize"],
+    "export.path": ["export", "quantize"],
+    "export.quantize": ["quantize"],
+}
+# Fields of STAGE_INPUTS without a default (absent unless set).
+OPTIONAL_INPUTS = {"export.claimName", "export.path"}
+
+
+def _frozen_once_run(field: str, readers: list[str] | None) -> dict[str, str]:
+    started = "(s.state == 'Running' || s.state == 'Succeeded')"
+    if readers:
+        names = ", ".join(f"'{r}'" for r in readers)
+        started = f"s.name in [{names}] && {started}"
+        who = "stage " + " or ".join(readers) + " has run or is running"
+    else:
+        who = "a stage has run or is running"
+    new, old = f"self.spec.{field}", f"oldSelf.spec.{field}"
+    if field in OPTIONAL_INPUTS:
+        new, old = (f"(has({x}) ? {x} : '')" for x in (new, old))
+    return cel(
+        f"{new} == {old} || self.spec.restart != oldSelf.spec.restart || "
+        "!has(oldSelf.status) || !has(oldSelf.status.stages) || "
+        f"!oldSelf.status.stages.exists(s, {started})",
+        f"spec.{field} cannot change once {who}: the results in status come from it. Set spec.restart "
+        "to a higher value in the same edit to train again from the start, or create a new DraftTraining",
+        field_path=f".spec.{field}",
+        reason="FieldValueForbidden",
     )
 
 
@@ -477,12 +541,11 @@ class DraftTraining(ApiModel):
                     "metadata.name must be at most 40 characters (child Job names derive from it)",
                     reason="FieldValueInvalid",
                 ),
+                *(_frozen_once_run(field, readers) for field, readers in STAGE_INPUTS.items()),
                 cel(
-                    "!has(oldSelf.status) || !has(oldSelf.status.phase) || oldSelf.status.phase != 'Running' "
-                    "|| self.spec.target == oldSelf.spec.target",
-                    "spec.target is immutable while the training is Running; wait until it ends or create "
-                    "a new DraftTraining",
-                    field_path=".spec.target",
+                    "self.spec.restart >= oldSelf.spec.restart",
+                    "spec.restart may only grow: each value is one run of the pipeline",
+                    field_path=".spec.restart",
                     reason="FieldValueForbidden",
                 ),
             ]

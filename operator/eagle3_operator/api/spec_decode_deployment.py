@@ -12,6 +12,7 @@ from eagle3_operator.api.common import (
     Condition,
     ImagePullSecrets,
     ModelRef,
+    NetworkPolicySpec,
     PodSecuritySpec,
     SchedulingSpec,
     TargetSpec,
@@ -228,6 +229,10 @@ class SpecDecodeDeploymentSpec(ApiModel):
     )
     verification: VerificationSpec = section(
         VerificationSpec, "The correctness check (greedy outputs, acceptance floor) before a draft serves."
+    )
+    network_policy: NetworkPolicySpec = section(
+        NetworkPolicySpec,
+        "A NetworkPolicy that admits to the vLLM pods only allowedClients (and each other).",
     )
 
 

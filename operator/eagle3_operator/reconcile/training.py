@@ -6,6 +6,7 @@ import contextlib
 import copy
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,6 +24,8 @@ from eagle3_operator.reconcile.jobs import (
     lacks_pods,
     latest_progress,
 )
+from eagle3_operator.reconcile.network_policy import plan_network_policy
+from eagle3_operator.reconcile.ownership import foreign_problem, withhold_foreign
 from eagle3_operator.reconcile.plan import Event, Plan, iso, parse_iso
 from eagle3_operator.reconcile.pods import (
     PROBE_PERIOD_S,
@@ -53,7 +56,13 @@ from eagle3_operator.reconcile.stuck import (
 )
 from eagle3_runtime import stage_plan
 from eagle3_runtime.layout import export_version
-from eagle3_runtime.stage_plan import StageInputError, server_for, workspace_claim
+from eagle3_runtime.stage_plan import (
+    WORKSPACE_RUNS,
+    StageInputError,
+    server_for,
+    workspace_claim,
+    workspace_path,
+)
 
 STAGE_CONDITIONS = {
     "generate": "Generated",
@@ -92,12 +101,15 @@ WAITING_REASONS = {"target": "WaitingForTarget", "stream": "WaitingForStreamServ
 
 @dataclass
 class TrainingObserved:
-    """The children of one DraftTraining as listed from the API server."""
+    """The children of one DraftTraining as listed from the API server: its own (matched by its uid,
+    reconcile.ownership) and, in `foreign`, those that carry its name but belong to another owner."""
 
     now: datetime
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    network_policies: list[dict[str, Any]] = field(default_factory=list)
+    foreign: list[dict[str, Any]] = field(default_factory=list)
     # FailedCreate Events of Jobs in the namespace, read only while jobs_lacking_pods() is not empty.
     job_events: list[dict[str, Any]] = field(default_factory=list)
     # Children the API server refused in this reconcile's writes.
@@ -146,14 +158,14 @@ def job_name(dt: DraftTraining, stage: str, attempt: int, suffix: str = "") -> s
 
 
 class PodLocations:
-    """Where a stage pod finds what the spec names (stage_plan.Locations): the workspace at
-    /workspace, models under /models/ROLE, read-only data claims under /sources/CLAIM, the export
-    claim at /export; each claim is added to the pod's volumes when first used."""
+    """Where a stage pod finds what the spec names (stage_plan.Locations): the object's own directory
+    of the workspace claim (mounted at /workspace), models under /models/ROLE, read-only data claims
+    under /sources/CLAIM, the export claim at /export; each claim is added to the pod's volumes when
+    first used."""
 
-    workspace = WORKSPACE
-
-    def __init__(self, mounts: Mounts):
+    def __init__(self, mounts: Mounts, dt: DraftTraining):
         self.mounts = mounts
+        self.workspace = str(PurePosixPath(WORKSPACE, workspace_path(dt)))
         self._sources: dict[str, str] = {}
 
     def model(self, ref: str, role: str) -> str:
@@ -214,7 +226,7 @@ class TrainingPlanner:
         hidden states to the trainer over zmq (STREAM_PORT)."""
         spec = self.dt.spec
         mounts = Mounts()
-        argv = stage_plan.stream_server_argv(self.dt, PodLocations(mounts), VLLM_PORT, STREAM_PORT)
+        argv = stage_plan.stream_server_argv(self.dt, PodLocations(mounts, self.dt), VLLM_PORT, STREAM_PORT)
         mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
         mounts.add_shm(spec.target.shm_size)
         probe = {
@@ -407,14 +419,14 @@ class TrainingPlanner:
                 self.dt, self._stage_record("train").get("metrics") or {}
             ):
                 mounts = Mounts()
-                argv = stage_plan.stage_argv(self.dt, stage, PodLocations(mounts), step=step)
+                argv = stage_plan.stage_argv(self.dt, stage, PodLocations(mounts, self.dt), step=step)
                 name = job_name(self.dt, stage, attempt, str(step))
                 jobs.append(self.stage_job(name, argv, mounts, gpus=spec.target.gpus))
             return jobs
         mounts = Mounts()
         server = server_for(self.dt, stage)
         argv = stage_plan.stage_argv(
-            self.dt, stage, PodLocations(mounts), server=self.server_url(server) if server else None
+            self.dt, stage, PodLocations(mounts, self.dt), server=self.server_url(server) if server else None
         )
         name = job_name(self.dt, stage, attempt)
         if stage == "extract":
@@ -441,6 +453,40 @@ class TrainingPlanner:
         record |= {"state": "Failed", "message": message, "completionTime": self.now}
         self.failure = (reason, f"stage {stage} failed: {message}")
         self._event("Warning", "StageFailed", f"{stage}: {reason}: {message}")
+
+    def _start_run(self, status: dict[str, Any]) -> None:
+        """Fix this run's workspace directory when the object starts; on a raised spec.restart, start a
+        new run: every stage again (new Jobs), in a new directory, with no result of the last run left
+        in the status. The last run's Jobs go; its files stay on the claim."""
+        restart, uid = self.dt.spec.restart, self.body["metadata"]["uid"]
+        if status.get("restart") is None:
+            # Objects that started before runs had their own directory keep the claim's root.
+            status["restart"] = restart
+            status.setdefault("workspacePath", "" if status.get("stages") else workspace_path(self.dt))
+        elif status["restart"] < restart:
+            for stage, record in self.records.items():
+                for job in record.get("jobs") or []:
+                    self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
+                self.records[stage] = {
+                    "name": stage, "state": "Pending", "attempt": record.get("attempt", 0) + 1, "jobs": [],
+                    "message": "",
+                }  # fmt: skip
+            for stale in (
+                "export",
+                "checkpoints",
+                "bestCheckpoint",
+                "progress",
+                "startTime",
+                "completionTime",
+            ):
+                status.pop(stale, None)
+            status["restart"] = restart
+            status["workspacePath"] = f"{WORKSPACE_RUNS}/{uid}-restart-{restart}"
+            self._event(
+                "Normal", "Restarted", f"spec.restart is {restart}: training again from the first stage "
+                f"in {status['workspacePath']} of the workspace"
+            )  # fmt: skip
+        self.dt.status.workspace_path = status["workspacePath"]
 
     def _retry_if_spec_changed(self, status: dict[str, Any]) -> None:
         """After a failure, a spec edit (a new generation) retries the failed stage with new Jobs."""
@@ -607,11 +653,10 @@ class TrainingPlanner:
         """A refused write of a child of this component (a stage, a server); children of no stage or
         server (the workspace PVC) hold up the current stage."""
         known = set(STAGE_CONDITIONS) | set(SERVERS)
-        for refusal in self.observed.refused:
-            if refusal.component == component or (
-                component == self.current and refusal.component not in known
-            ):
-                return refusal.problem()
+        held_up = [(r.component, r.problem()) for r in self.observed.refused] + self.blocked
+        for child_component, problem in held_up:
+            if child_component == component or (component == self.current and child_component not in known):
+                return problem
         return None
 
     def _server_problem(self, server: str) -> Problem | None:
@@ -632,6 +677,7 @@ class TrainingPlanner:
         self.failure: tuple[str, str] | None = None
         self.problems: dict[str, Problem] = {}  # running stage -> why it makes no progress
         self.current: str | None = None
+        self._start_run(status)
         self._retry_if_spec_changed(status)
         status.setdefault("startTime", self.now)
         status["workspaceClaim"] = workspace_claim(dt)
@@ -678,6 +724,14 @@ class TrainingPlanner:
             status.setdefault("completionTime", self.now)
         if phase == "Succeeded" and old_status.get("phase") != "Succeeded":
             self._event("Normal", "TrainingSucceeded", f"draft exported to {status['export']['uri']}")
+        plan_network_policy(self.plan, self.body, meta.DRAFT_TRAINING_LABEL, self.observed.network_policies)
+        self.blocked = [
+            (
+                (c["metadata"].get("labels") or {}).get("app.kubernetes.io/component", ""),
+                foreign_problem(c, self.body),
+            )
+            for c in withhold_foreign(self.plan, self.observed.foreign)
+        ]
         self._conditions(status, phase, current, waiting_for, needed)
         if self.observed.refused:
             self._requeue(REFUSAL_RETRY_S)
