@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 TERMINATION_MESSAGE_LIMIT = 4096
 DEFAULT_RESULT_FILE = "/dev/termination-log"
 
-StageName = Literal["generate", "extract", "train", "evaluate", "select", "export", "quantize", "pipeline"]
+StageName = Literal[
+    "generate", "extract", "train", "evaluate", "select", "sweep", "export", "quantize", "pipeline"
+]
 
 
 class Workspace:

@@ -61,6 +61,7 @@ STAGE_CONDITIONS = {
     "train": "Trained",
     "evaluate": "Evaluated",
     "select": "Selected",
+    "sweep": "Swept",
     "export": "Exported",
     "quantize": "Quantized",
 }
@@ -417,7 +418,7 @@ class TrainingPlanner:
             self.dt, stage, PodLocations(mounts), server=self.server_url(server) if server else None
         )
         name = job_name(self.dt, stage, attempt)
-        if stage == "extract":
+        if stage in ("extract", "sweep"):  # both serve the target themselves
             return [self.stage_job(name, argv, mounts, gpus=spec.target.gpus)]
         if stage == "train":
             training = spec.training
@@ -481,6 +482,9 @@ class TrainingPlanner:
         if stage == "select":
             best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
             updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
+        if stage == "sweep":
+            updates["sweep"] = _sweep_result(metrics)
+            metrics = {"num_speculative_tokens": metrics["num_speculative_tokens"]}
         if stage == stage_plan.stages(self.dt)[-1]:
             claim, destination = stage_plan.export_destination(self.dt)
             # The stage published the draft under its digest, beside earlier exports (never over them).
@@ -765,6 +769,19 @@ def _checkpoint_evaluation(m: dict[str, Any]) -> dict[str, Any]:
         "speedup": m.get("speedup"),
     }
     return {k: v for k, v in evaluation.items() if v is not None}
+
+
+def _sweep_result(m: dict[str, Any]) -> dict[str, Any]:
+    """status.sweep from `eagle3 sweep`'s result metrics."""
+    best = [
+        {
+            "concurrency": b["concurrency"],
+            "numSpeculativeTokens": b["num_speculative_tokens"],
+            "speedup": b["speedup"],
+        }
+        for b in m.get("best") or []
+    ]
+    return {"schedule": m["schedule"], "numSpeculativeTokens": m["num_speculative_tokens"], "best": best}
 
 
 def _brief(metrics: dict[str, Any]) -> str:
