@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +89,9 @@ def _draft(config: SweepConfig) -> tuple[Path, Path]:
     return draft, served
 
 
-def _measure_k(config: SweepConfig, k: int, urls: dict[str, str], domains: dict) -> list[dict]:
-    """Every concurrency's ABBA rounds of the draft at K = `k` against the baseline."""
+def measure_ladder(config: SweepConfig, k: int, urls: dict[str, str], domains: dict) -> list[dict]:
+    """Every concurrency's ABBA rounds of the candidate (the draft at K = `k`, or at most `k` under
+    a schedule) against the baseline; `urls` has both sides' servers."""
     measured = []
     for concurrency in config.concurrency:
         rounds: list[Round] = [
@@ -160,13 +160,15 @@ def run_sweep(config: SweepConfig) -> dict:
             stack.callback(server.stop)
         # The baseline and K = 1 start together (nothing is measured yet); each later K starts
         # once the one before it is stopped, so at most two servers share the machine.
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.start(), [servers[0], servers[1]]))
+        for server in (servers[0], servers[1]):
+            server.start(wait=False)
+        for server in (servers[0], servers[1]):
+            server.wait_ready()
         for k in ks:
             if k > 1:
                 servers[k].start()
             urls = {CANDIDATE: servers[k].url, BASELINE: servers[0].url}
-            measurements += _measure_k(config, k, urls, domains)
+            measurements += measure_ladder(config, k, urls, domains)
             servers[k].stop()
     best = best_per_concurrency(measurements)
     schedule = schedule_from_best({b["concurrency"]: b["num_speculative_tokens"] for b in best})

@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> StageResult:
         metrics={
             "schedule": sweep["schedule"],
             "num_speculative_tokens": sweep["num_speculative_tokens"],
-            "best": sweep["best"],
+            # The best K per concurrency, as parallel lists (metrics hold flat values).
+            "best_concurrency": [b["concurrency"] for b in sweep["best"]],
+            "best_k": [b["num_speculative_tokens"] for b in sweep["best"]],
+            "best_speedup": [b["speedup"] for b in sweep["best"]],
         },
         artifacts={"sweep": sweep["file"]},
     )

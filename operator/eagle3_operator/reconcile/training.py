@@ -774,12 +774,8 @@ def _checkpoint_evaluation(m: dict[str, Any]) -> dict[str, Any]:
 def _sweep_result(m: dict[str, Any]) -> dict[str, Any]:
     """status.sweep from `eagle3 sweep`'s result metrics."""
     best = [
-        {
-            "concurrency": b["concurrency"],
-            "numSpeculativeTokens": b["num_speculative_tokens"],
-            "speedup": b["speedup"],
-        }
-        for b in m.get("best") or []
+        {"concurrency": c, "numSpeculativeTokens": k, "speedup": speedup}
+        for c, k, speedup in zip(m["best_concurrency"], m["best_k"], m["best_speedup"], strict=True)
     ]
     return {"schedule": m["schedule"], "numSpeculativeTokens": m["num_speculative_tokens"], "best": best}
 
