@@ -14,9 +14,9 @@ import argparse
 from pathlib import Path
 
 from eagle3_runtime.command_line import config_from_args
+from eagle3_runtime.evaluate.config import add_prompts_argument
 from eagle3_runtime.evaluate.sweep import SweepConfig, run_sweep
 from eagle3_runtime.layout import StageResult
-from eagle3_runtime.prompt_sources import SourceSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,14 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint", default="best", help="best (from selection.json), step-N, or a draft directory"
     )
-    parser.add_argument(
-        "--prompts",
-        action="append",
-        required=True,
-        type=SourceSpec.parse,
-        metavar="PATH[,mode=chat|completion][,prompt-field=F][,domain=D]",
-        help="prompts (JSONL/Parquet/directory), grouped by their `domain` field or file name",
-    )
+    add_prompts_argument(parser)
     parser.add_argument(
         "--max-speculative-tokens", type=int, default=4, help="Kmax: K = 1..Kmax are measured"
     )

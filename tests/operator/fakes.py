@@ -122,4 +122,7 @@ def stage_metrics(stage: str, job: str) -> dict[str, Any]:
         }
     if stage == "select":
         return {"step": 100, "acceptance_length": 2.4}
+    if stage == "sweep":
+        return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
+                "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip
     return {}

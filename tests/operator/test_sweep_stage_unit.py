@@ -8,9 +8,6 @@ from eagle3_operator.reconcile.serving import ServingObserved, plan_serving
 from tests.operator import fakes
 from tests.operator.test_training_unit import Cluster
 
-SWEEP_METRICS = {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4,
-                 "best_concurrency": [1, 2, 4, 16], "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip
-
 
 def test_sweep_runs_after_select_and_its_schedule_reaches_status_and_serving():
     body = fakes.draft_training(
@@ -18,32 +15,12 @@ def test_sweep_runs_after_select_and_its_schedule_reaches_status_and_serving():
         evaluation={"sweep": {"maxSpeculativeTokens": 5, "concurrency": [1, 4, 16]}},
     )
     cluster = Cluster(body)
-    plan = cluster.reconcile()
-    for _ in range(20):
-        if plan.status["phase"] in ("Succeeded", "Failed"):
-            break
-        for job in cluster.running_jobs():
-            if job["metadata"]["labels"]["eagle3.ai/stage"] == "sweep":
-                sweep_job = job
-                cluster.finish(job, message=fakes.result("sweep", True, **SWEEP_METRICS))
-            else:
-                cluster.finish(job)
-        plan = cluster.reconcile()
-    status = plan.status
+    status = cluster.run_to_end().status
     assert status["phase"] == "Succeeded", status
     assert [s["name"] for s in status["stages"]][-3:] == ["select", "sweep", "export"]
-    container = sweep_job["spec"]["template"]["spec"]["containers"][0]
+    container = cluster.observed.jobs["llama-sweep"]["spec"]["template"]["spec"]["containers"][0]
     command = container["command"]
-    assert command[:8] == [
-        "eagle3",
-        "sweep",
-        "--workspace",
-        "/workspace",
-        "--target",
-        "org/m",
-        "--checkpoint",
-        "best",
-    ]
+    assert command[:8] == ["eagle3", "sweep", "--workspace", "/workspace", "--target", "org/m", "--checkpoint", "best"]  # fmt: skip
     assert command[command.index("--max-speculative-tokens") + 1] == "5"
     assert command[command.index("--concurrency") + 1 : command.index("--rounds")] == ["1", "4", "16"]
     assert container["resources"]["limits"] == {"amd.com/gpu": "2"}, "the sweep serves the target itself"
