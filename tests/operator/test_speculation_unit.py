@@ -19,12 +19,13 @@ def _served(body: dict, training: dict | None = None) -> tuple[dict, dict]:
     return json.loads(args[args.index("--speculative-config") + 1]), plan.status["speculation"]
 
 
-def test_an_integer_is_served_as_it_is_with_extra_keys_merged():
-    config, applied = _served(
-        fakes.spec_decode(numSpeculativeTokens=5, speculativeConfig={"draft_tensor_parallel_size": 1})
-    )
+def test_an_integer_is_served_as_it_is_with_extra_keys_merged_as_json():
+    extra = {"draft_tensor_parallel_size": "1", "disable_padded_drafter_batch": "true", "quantization": "fp8",
+             "note": "not json {"}  # fmt: skip
+    config, applied = _served(fakes.spec_decode(numSpeculativeTokens=5, speculativeConfig=extra))
     assert config == {"method": "eagle3", "model": "/models/draft/llama-eagle3", "num_speculative_tokens": 5,
-                      "draft_tensor_parallel_size": 1}  # fmt: skip
+                      "draft_tensor_parallel_size": 1, "disable_padded_drafter_batch": True,
+                      "quantization": "fp8", "note": "not json {"}  # fmt: skip
     assert applied["mode"] == "Static" and applied["numSpeculativeTokens"] == 5
 
 

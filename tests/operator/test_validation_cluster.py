@@ -88,7 +88,7 @@ INVALID = [
      'numSpeculativeTokens must be an integer from 1 to 16, or "auto"'),
     ("sdd-too-many-tokens", _sdd(**{"spec.numSpeculativeTokens": 17}),
      'numSpeculativeTokens must be an integer from 1 to 16, or "auto"'),
-    ("sdd-reserved-speculative-key", _sdd(**{"spec.speculativeConfig": {"num_speculative_tokens": 9}}),
+    ("sdd-reserved-speculative-key", _sdd(**{"spec.speculativeConfig": {"num_speculative_tokens": "9"}}),
      "speculativeConfig must not set method, model, revision, num_speculative_tokens"),
     ("sdd-schedule-not-from-one", _sdd(**{"spec.draft.speculationSchedule": [[2, 4, 1]]}),
      "the first speculationSchedule range must start at batch size 1"),
@@ -121,13 +121,13 @@ def test_valid_objects_are_accepted_with_defaults(crds: LocalCluster, namespace:
 
 def test_auto_speculation_and_extra_speculative_config_keys_are_kept(crds: LocalCluster, namespace: str):
     body = _sdd(**{"metadata.name": "auto", "spec.numSpeculativeTokens": "auto", "spec.expectedConcurrency": 4,
-                   "spec.speculativeConfig": {"draft_tensor_parallel_size": 1, "disable_padded_drafter_batch": True},
+                   "spec.speculativeConfig": {"draft_tensor_parallel_size": "1", "disable_padded_drafter_batch": "true"},
                    "spec.draft.speculationSchedule": [[1, 2, 4], [3, 16, 0]]})  # fmt: skip
     spec = crds.request("POST", spec_decode_path(namespace), body)["spec"]
     assert spec["numSpeculativeTokens"] == "auto" and spec["expectedConcurrency"] == 4
     assert spec["speculativeConfig"] == {
-        "draft_tensor_parallel_size": 1,
-        "disable_padded_drafter_batch": True,
+        "draft_tensor_parallel_size": "1",
+        "disable_padded_drafter_batch": "true",
     }
     assert spec["draft"]["speculationSchedule"] == [[1, 2, 4], [3, 16, 0]]
     dt = crds.request(

@@ -277,7 +277,7 @@ class SweepSpec(ApiModel):
         4, description="Kmax: K = 1 .. Kmax are measured (K = 0 is the baseline)."
     )
     concurrency: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=16)] = (
-        Field(default_factory=lambda: [1, 2, 4, 8, 16], description="The ladder of concurrencies.")
+        Field([1, 2, 4, 8, 16], description="The ladder of concurrencies.")
     )
     rounds: Annotated[int, Field(ge=1, le=16)] = Field(
         1, description="Candidate/baseline pairs (ABBA order) per K and concurrency."

@@ -41,10 +41,9 @@ RESERVED_SPECULATIVE_KEYS = (
     "num_speculative_tokens",
     "num_speculative_tokens_per_batch_size",
 )
-SpeculativeConfigExtra = Annotated[dict[str, Any], Field(max_length=64)]
+# Values are strings, each read as JSON where it parses ("1" -> 1, "true" -> true): a map of strings,
+# unlike a free-form object, lets CEL look its keys up.
 SPECULATIVE_CONFIG_SCHEMA = {
-    # A map (not a preserve-unknown-fields object) so that CEL can look its keys up.
-    "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True},
     "x-kubernetes-validations": [
         cel(
             " && ".join(f"!('{key}' in self)" for key in RESERVED_SPECULATIVE_KEYS),
@@ -235,11 +234,13 @@ class SpecDecodeDeploymentSpec(ApiModel):
         "requests as a static K instead of vLLM's per-batch-size schedule (for vLLM builds without it, "
         "or data-parallel serving, which turns it off).",
     )
-    speculative_config: SpeculativeConfigExtra = Field(
+    speculative_config: StringMap = Field(
         default_factory=dict,
-        description="More keys of vLLM's --speculative-config (e.g. draft_tensor_parallel_size), "
-        "merged into what the operator sets; method, model, revision, num_speculative_tokens and "
-        "num_speculative_tokens_per_batch_size come from spec.draft and spec.numSpeculativeTokens.",
+        description='More keys of vLLM\'s --speculative-config (e.g. draft_tensor_parallel_size: "1"), '
+        'merged into what the operator sets; each value is read as JSON where it parses ("1" is a '
+        'number, "true" a boolean, "[1, 2]" a list), else passed as a string. method, model, revision, '
+        "num_speculative_tokens and num_speculative_tokens_per_batch_size come from spec.draft and "
+        "spec.numSpeculativeTokens.",
         json_schema_extra=SPECULATIVE_CONFIG_SCHEMA,
     )
     replicas: Annotated[int, Field(ge=0, le=1000)] = Field(

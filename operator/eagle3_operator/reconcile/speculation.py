@@ -68,5 +68,13 @@ def speculative_config(
     if revision:
         config["revision"] = revision
     # The API server refuses the keys set above in spec.speculativeConfig (a CEL rule).
-    config |= spec.speculative_config
+    config |= {key: _json_or_text(value) for key, value in spec.speculative_config.items()}
     return json.dumps(config, separators=(",", ":"))
+
+
+def _json_or_text(value: str) -> Any:
+    """A speculativeConfig value: its JSON value where it parses ("1" -> 1), else the text itself."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
