@@ -30,6 +30,7 @@ STAGES = {
     "sweep": "measure tokens/s at K = 0..Kmax over a ladder of concurrencies -> the per-batch-size K schedule",
     "export": "write a checkpoint as a vLLM-loadable draft directory",
     "quantize": "quantise an exported draft with AMD Quark (fp8, mxfp4)",
+    "verify": "check that a draft changes no greedy output and reaches an acceptance floor",
     "pipeline": "run the whole pipeline on this machine (no cluster)",
 }
 

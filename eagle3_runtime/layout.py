@@ -22,7 +22,7 @@ TERMINATION_MESSAGE_LIMIT = 4096
 DEFAULT_RESULT_FILE = "/dev/termination-log"
 
 StageName = Literal[
-    "generate", "extract", "train", "evaluate", "select", "sweep", "export", "quantize", "pipeline"
+    "generate", "extract", "train", "evaluate", "select", "sweep", "export", "quantize", "verify", "pipeline"
 ]
 
 

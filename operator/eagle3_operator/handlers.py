@@ -31,7 +31,7 @@ MANAGED_LABELS = {"app.kubernetes.io/managed-by": meta.MANAGED_BY}
 WATCHED = (
     (GROUP, VERSION, DT_PLURAL, "DraftTraining", API_VERSION, {}),
     (GROUP, VERSION, SDD_PLURAL, "SpecDecodeDeployment", API_VERSION, {}),
-    ("batch", "v1", "jobs", "Job", "batch/v1", {meta.DRAFT_TRAINING_LABEL: kopf.PRESENT}),
+    ("batch", "v1", "jobs", "Job", "batch/v1", MANAGED_LABELS),
     ("", "v1", "pods", "Pod", "v1", MANAGED_LABELS),
     ("apps", "v1", "deployments", "Deployment", "apps/v1", MANAGED_LABELS),
     ("", "v1", "services", "Service", "v1", MANAGED_LABELS),
@@ -80,7 +80,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Server-side label selectors: the operator never streams the cluster's other pods, Jobs, Deployments.
     # Its own pods: stage results and progress, and why a pod is stuck (unschedulable, image pulls).
     settings.watching.label_selectors["pods"] = MANAGED
-    settings.watching.label_selectors["jobs"] = meta.DRAFT_TRAINING_LABEL
+    settings.watching.label_selectors["jobs"] = MANAGED
     settings.watching.label_selectors["deployments"] = MANAGED
     settings.watching.label_selectors["services"] = MANAGED
     settings.watching.label_selectors["persistentvolumeclaims"] = MANAGED

@@ -21,7 +21,7 @@ from eagle3_operator.api.spec_decode_deployment import LiveAcceptanceSpec
 from eagle3_operator.apply import apply_children, key, write_status
 from eagle3_operator.cache import CHANGED, PROGRESS, UNCHANGED, Store
 from eagle3_operator.kube import ApiError, Conflict, Kube, NamespaceTerminating, NotLeader
-from eagle3_operator.reconcile import meta
+from eagle3_operator.reconcile import meta, verification
 from eagle3_operator.reconcile.live_acceptance import (
     COUNTERS,
     REVISION_ANNOTATION,
@@ -278,8 +278,9 @@ class Reconciler:
                 return None
             owned = {
                 kind: self.store.owned(kind, namespace, meta.SPEC_DECODE_LABEL, name)
-                for kind in ("Deployment", "Service", "Pod")
+                for kind in ("Deployment", "Service", "Pod", "Job")
             }
+            verify_pods = [p for p in owned["Pod"] if _component(p) == verification.COMPONENT]
             # Monitors and the disruption budget are few and not watched (monitor CRDs may come and
             # go): listed live.
             selector = f"{meta.SPEC_DECODE_LABEL}={name}"
@@ -304,11 +305,14 @@ class Reconciler:
                 deployment=deployment,
                 draft_training=training,
                 monitor_kinds=kinds,
-                pods=owned["Pod"],
+                pods=[p for p in owned["Pod"] if _component(p) != verification.COMPONENT],
                 counters=self._read_counters(body, owned["Pod"], now),
+                verify_jobs={j["metadata"]["name"]: j for j in owned["Job"]},
+                verify_pods=verify_pods,
             )
             plan = plan_serving(body, observed)
             children = [
+                *owned["Job"],
                 *owned["Deployment"],
                 *owned["Service"],
                 *budgets,
@@ -406,3 +410,7 @@ def read_prometheus_counters(
             if labels.get("pod") in samples:
                 samples[labels["pod"]].append((metric, labels, float(series["value"][1])))
     return {pod: counters_from_samples(found) for pod, found in samples.items() if found}
+
+
+def _component(obj: dict[str, Any]) -> str | None:
+    return (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component")

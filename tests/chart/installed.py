@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from tests.chart.helm import CHART_DIR, helm, values_args
+from tests.operator import fakes
 from tests.operator.harness import (
     EXPORT_DIGEST,
     OperatorProcess,
@@ -226,6 +227,9 @@ def _leading_pod(cluster: LocalCluster, namespace: str, deployment: str) -> str 
     return None
 
 
+TRAINING_STEPS = 40
+
+
 def training_manifest(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "eagle3.ai/v1alpha1",
@@ -236,7 +240,7 @@ def training_manifest(name: str) -> dict[str, Any]:
             "runtime": {"serviceAccountName": RUNTIME_ACCOUNT, "backoffLimit": 0},
             "data": {"sources": [{"claimName": DATA_CLAIM, "path": "chat.jsonl"}], "numSamples": 64},
             "hiddenStates": {"mode": "offline"},
-            "training": {"steps": 40, "checkpointEvery": 20},
+            "training": {"steps": TRAINING_STEPS, "checkpointEvery": TRAINING_STEPS // 2},
             "evaluation": {"everyCheckpoints": 1, "numSpeculativeTokens": 3},
             "storage": {"size": "1Gi"},
         },
@@ -255,29 +259,6 @@ def serving_manifest(name: str, training: str) -> dict[str, Any]:
             "replicas": 1,
         },
     }
-
-
-def stage_metrics(stage: str, pod: dict[str, Any]) -> dict[str, Any]:
-    """Plausible results of each stage, per docs/contracts.md's table; best checkpoint: step 40, 2.5."""
-    if stage == "generate":
-        return {"samples": 64, "tokens": 20000, "tokens_per_second": 500.0, "bad_rows": 0}
-    if stage == "extract":
-        return {"samples": 64, "tokens": 20000}
-    if stage == "train":
-        return {
-            "step": 40, "total_steps": 40, "loss": 1.25, "accuracy_per_position": [0.7, 0.5, 0.35],
-            "simulated_acceptance_length": 2.4, "checkpoints": ["20", "40"],
-        }  # fmt: skip
-    if stage == "evaluate":
-        command = pod["spec"]["containers"][0]["command"]
-        step = int(command[command.index("--checkpoint") + 1].removeprefix("step-"))
-        return {
-            "step": step, "acceptance_length": 1.5 + step / 40, "acceptance_per_position": [0.6, 0.4, 0.2],
-            "tokens_per_second": 300.0, "speedup": 1.8,
-        }  # fmt: skip
-    if stage == "select":
-        return {"step": 40, "acceptance_length": 2.5}
-    return {"digest": EXPORT_DIGEST}  # export (and quantize): the published draft's content digest
 
 
 def play_stage_pods(installation: Installation, training: str) -> None:
@@ -299,7 +280,10 @@ def play_stage_pods(installation: Installation, training: str) -> None:
             "updatedAt": "2026-11-29T09:00:00Z",
         }
         installation.as_runtime.annotate_pod(work, name, "eagle3.ai/progress", json.dumps(progress))
-        cluster.complete_pod(work, name, message=stage_result(stage, **stage_metrics(stage, pod)))
+        job = pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]
+        # export (and quantize) report the published draft's content digest
+        metrics = fakes.stage_metrics(stage, job, total_steps=TRAINING_STEPS) or {"digest": EXPORT_DIGEST}
+        cluster.complete_pod(work, name, message=stage_result(stage, **metrics))
 
 
 def run_training(installation: Installation, name: str, timeout: float = 240) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
 from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
 from tests.chart.images import command_problem
-from tests.chart.installed import installed, run_training, serving_manifest
+from tests.chart.installed import TRAINING_STEPS, installed, run_training, serving_manifest
+from tests.operator import fakes
 from tests.operator.harness import condition, get, spec_decode_path
 from tests.support.cluster import wait_until
 from tests.support.prometheus_operator import prometheus_operator_crds
@@ -61,7 +62,8 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
         ]
         assert all(s["state"] == "Succeeded" for s in status["stages"])
         assert [c["step"] for c in status["checkpoints"]] == [20, 40]
-        assert status["bestCheckpoint"] == {"step": 40, "acceptanceLength": 2.5}
+        best = fakes.acceptance_at(TRAINING_STEPS, TRAINING_STEPS)
+        assert status["bestCheckpoint"] == {"step": TRAINING_STEPS, "acceptanceLength": best}
 
         def available() -> dict[str, Any] | None:
             body = get(cluster, spec_decode_path(work, "serve")) or {}
@@ -96,7 +98,8 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
         with urllib.request.urlopen(url, timeout=5) as response:
             metrics = response.read().decode()
         assert (
-            f'eagle3_draft_training_best_acceptance_length{{name="train",namespace="{work}"}} 2.5' in metrics
+            f'eagle3_draft_training_best_acceptance_length{{name="train",namespace="{work}"}} {best}'
+            in metrics
         )
         refused = [line for line in inst.operator.log_path.read_text().splitlines() if REFUSED.search(line)]
         assert not refused, "the operator was refused:\n" + "\n".join(refused[:20])

@@ -20,7 +20,7 @@ from eagle3_runtime.stage_plan import checkpoints_to_evaluate
 from tests.e2e.tiny_cpu import EXAMPLE, SERVED_MODEL, ServedDraft, TrainingRun, run_in_pod, say
 from tests.support import realnode
 
-ACCEPTANCE_BAR = 2.8  # issue 13: the end-to-end bar; docs/benchmarks.md has the spread across machines
+ACCEPTANCE_BAR = 2.8  # the end-to-end bar; docs/benchmarks.md has the spread across machines
 
 
 def evaluation_summary(run: TrainingRun) -> str:

@@ -92,11 +92,14 @@ def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> st
     return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()
 
 
-# What each stage "reports" when the tests play its pods (numbers are arbitrary but checked).
-TRAIN_CHECKPOINTS = ["50", "100"]
+# What each stage "reports" when the tests play its pods: one formula for the unit, cluster and chart
+# tests (numbers are arbitrary but checked). Checkpoints at half and all of the training's steps;
+# acceptance grows with the step, so the last checkpoint is the best.
+def acceptance_at(step: int, total_steps: int) -> float:
+    return round(2.0 + 0.4 * step / total_steps, 6)
 
 
-def stage_metrics(stage: str, job: str) -> dict[str, Any]:
+def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any]:
     """The metrics of the stage Job `job` (an evaluate Job's name ends in its step)."""
     if stage == "generate":
         return {"samples": 100, "tokens": 51200, "tokens_per_second": 900.0, "bad_rows": 0}
@@ -104,24 +107,24 @@ def stage_metrics(stage: str, job: str) -> dict[str, Any]:
         return {"samples": 100, "tokens": 51200}
     if stage == "train":
         return {
-            "step": 100,
-            "total_steps": 100,
+            "step": total_steps,
+            "total_steps": total_steps,
             "loss": 1.25,
             "accuracy_per_position": [0.7, 0.5, 0.4],
             "simulated_acceptance_length": 2.1,
-            "checkpoints": TRAIN_CHECKPOINTS,
+            "checkpoints": [str(total_steps // 2), str(total_steps)],
         }
     if stage == "evaluate":
         step = int(job.rsplit("-", 1)[-1])
         return {
             "step": step,
-            "acceptance_length": 2.0 + step / 250,
+            "acceptance_length": acceptance_at(step, total_steps),
             "acceptance_per_position": [0.6, 0.4],
             "tokens_per_second": 120.0,
             "speedup": 1.8,
         }
     if stage == "select":
-        return {"step": 100, "acceptance_length": 2.4}
+        return {"step": total_steps, "acceptance_length": acceptance_at(total_steps, total_steps)}
     if stage == "sweep":
         return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
                 "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip

@@ -69,7 +69,7 @@ def test_pod_commands_parse_with_the_runtime_cli(spec):
         assert args.result_file == ("/dev/termination-log" if reports_result else None)
 
 
-# ---- the same commands on a cluster and on one machine (issue 13) -----------------------------
+# ---- the same commands on a cluster and on one machine ------------------------------------------
 
 EXAMPLES = REPO_ROOT / "examples"
 LOCAL_SERVERS = {"target": "http://127.0.0.1:41001", "stream": "http://127.0.0.1:41002"}
@@ -230,7 +230,7 @@ def _kubelet_command(pod: dict) -> list[str]:
 @pytest.mark.parametrize(("nodes", "gpus"), [(1, 8), (2, 4)])
 def test_the_trainer_command_starts_torchrun_on_one_node_and_on_several(nodes, gpus, monkeypatch):
     """`nodes: 1, gpusPerNode: 8` (examples/drafttraining.yaml) gave torchrun `--node-rank=`, which
-    it refuses (issue 13): one pod now rendezvouses with itself (--standalone)."""
+    it refuses: one pod rendezvouses with itself (--standalone)."""
     from torch.distributed.run import config_from_args, get_args_parser
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torchrun sets it in its own process when missing

@@ -67,3 +67,11 @@ def test_auto_without_a_schedule_serves_the_default_and_says_so():
     config, applied = _served(fakes.spec_decode(numSpeculativeTokens="auto"))
     assert config["num_speculative_tokens"] == 3 and "num_speculative_tokens_per_batch_size" not in config
     assert applied["mode"] == "NoSchedule" and "no sweep schedule" in applied["message"]
+
+
+def test_the_verification_gate_checks_the_k_that_auto_serves():
+    draft = {"model": "pvc://drafts/llama-eagle3", "speculationSchedule": SCHEDULE}
+    body = fakes.spec_decode(numSpeculativeTokens="auto", draft=draft, verification={"enabled": True})
+    (job,) = plan_serving(body, ServingObserved(now=fakes.NOW)).create
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--num-speculative-tokens") + 1] == "4", "the schedule's largest K"

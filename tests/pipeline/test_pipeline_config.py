@@ -142,7 +142,7 @@ def test_epochs_draft_layers_and_warm_start_reach_the_local_run(tmp_path, volume
 
 
 def test_export_goes_to_the_claim_the_spec_names(tmp_path, volumes):
-    """The cluster exports to spec.export.claimName/path; so does the local run (issue 13)."""
+    """The cluster exports to spec.export.claimName/path; so does the local run."""
     drafts = tmp_path / "vol-drafts"
     manifest = yaml.safe_load(yaml.safe_dump(MANIFEST))
     manifest["spec"]["export"] = {"claimName": "drafts", "path": "tiny/eagle3"}

@@ -1,6 +1,6 @@
 """`eagle3 pipeline --preset tiny-cpu` end to end on real vLLM (CPU build) and real training.
 
-The bar (issue 13): the exported draft's mean acceptance length, measured by vLLM's own
+The bar: the exported draft's mean acceptance length, measured by vLLM's own
 /metrics with 3 speculative tokens and greedy decoding, is at least 2.8, and better than the
 first evaluated checkpoint's. The test prints every evaluation, so a number in the docs can be
 traced to a run. The exported weights are byte-identical to the ones evaluated.

@@ -25,7 +25,7 @@ def _training(**spec) -> DraftTraining:
 
 def test_tiny_cpu_evaluates_its_first_and_last_checkpoint():
     """The operator evaluated {150, 180} of the tiny-cpu training, the local pipeline {30, 180}
-    (issue 13): one rule now, the first, every Nth after it, and the last."""
+    before both followed one rule: the first, every Nth after it, and the last."""
     training = _training()
     checkpoints = [str(step) for step in range(60, 361, 60)]
     assert stage_plan.checkpoints_to_evaluate(training, {"checkpoints": checkpoints}) == [60, 360]

@@ -52,6 +52,7 @@ from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
 from eagle3_runtime.tiny_target import cache_root
 from tests.support import oci_image, testbed_kwok, testbed_pki
+from tests.support.kube_api import ApiError
 
 if TYPE_CHECKING:
     from tests.support.cluster import LocalCluster
@@ -765,8 +766,6 @@ class RealNode:
     def ready(self, cluster: LocalCluster) -> bool:
         """Node Ready with its GPUs, and CoreDNS Ready (which needs pod networking and the Services).
         Not yet, too, while the kubelet has not registered the node (a 404)."""
-        from tests.support.cluster import ApiError  # cluster.py imports this module
-
         try:
             node = cluster.request("GET", f"/api/v1/nodes/{self.name}")
         except ApiError as error:

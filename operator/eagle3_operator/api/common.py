@@ -134,6 +134,11 @@ class TargetSpec(ApiModel):
     max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
         None, description="vLLM --max-model-len; vLLM's default when unset."
     )
+    attention_backend: Annotated[str, Field(max_length=64, pattern=r"^[A-Z][A-Z0-9_]*$")] | None = Field(
+        None,
+        description="vLLM --attention-backend of the target (ROCm has several, e.g. ROCM_AITER_FA, "
+        "ROCM_ATTN, TRITON_ATTN); vLLM chooses when unset. A SpecDecodeDeployment's verification runs with it.",
+    )
     extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = Field(
         default_factory=list, description="Extra command-line arguments appended to `vllm serve`."
     )

@@ -17,6 +17,7 @@ from eagle3_operator.api.common import (
     TargetSpec,
     image_pull_secrets_field,
 )
+from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE, PromptSource
 
 KIND = "SpecDecodeDeployment"
 PLURAL = "specdecodedeployments"
@@ -216,6 +217,61 @@ class LiveAcceptanceSpec(ApiModel):
     )
 
 
+class VerificationSpec(ApiModel):
+    """The correctness check a new draft passes before it serves (`eagle3 verify` in a Job)."""
+
+    enabled: bool = Field(
+        False,
+        description="Verify every newly resolved draft before it rolls out; the check's Job needs the "
+        "target's GPUs for a while, so it is opted into.",
+    )
+    image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+        DEFAULT_RUNTIME_IMAGE, description="eagle3 runtime image (with vLLM) that runs the check."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the check's pod."
+    )
+    prompts: Annotated[list[PromptSource], Field(max_length=8)] = Field(
+        default_factory=list,
+        description="Prompts on PVCs (chat prompts are asked their first turn); a built-in set of short "
+        "completions when empty.",
+    )
+    num_prompts: Annotated[int, Field(ge=1, le=10_000)] = Field(16, description="Prompts compared.")
+    max_tokens: Annotated[int, Field(ge=1, le=32_768)] = Field(64, description="Tokens generated per prompt.")
+    max_flips: Annotated[int, Field(ge=0, le=10_000)] = Field(
+        1,
+        description="Prompts whose outputs may differ at a near tie (the target's top-2 logprobs within "
+        "flipTolerance at the first difference); any other difference fails the check.",
+    )
+    flip_tolerance: Annotated[float, Field(ge=0, le=10)] = Field(
+        0.1, description="Largest top-1 minus top-2 logprob difference that counts as a near tie."
+    )
+    min_acceptance_length: Annotated[float, Field(ge=1, le=65)] = Field(
+        1.0,
+        description="Floor of the mean acceptance length from vLLM's spec-decode counters during the check.",
+    )
+    deadline_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
+        3600, description="The check's Job fails (and the draft with it) when still running after this long."
+    )
+
+
+class VerificationStatus(ApiModel):
+    """The check of the newest resolved draft."""
+
+    digest: str | None = Field(None, description="Content digest of the draft checked, when known.")
+    uri: str = Field(description="The draft checked (see resolvedDraft.uri).")
+    result: Literal["Running", "Passed", "Failed"] = Field(description="Where the check stands.")
+    job: str = Field(description="The Job that runs the check.")
+    identical: int | None = Field(None, description="Prompts whose outputs were identical with the draft.")
+    flips: int | None = Field(None, description="Prompts that differed at a near tie.")
+    mismatches: int | None = Field(None, description="Prompts that differed otherwise.")
+    acceptance_length: float | None = Field(None, description="Mean acceptance length during the check.")
+    message: str = Field("", description="The check's one-line verdict.")
+    draft_spec: str = Field(
+        description="Hash of spec.draft when checked: a change of it retries rejected drafts."
+    )
+
+
 class SpecDecodeDeploymentSpec(ApiModel):
     """A vLLM Deployment that serves the target with speculative decoding by an EAGLE-3 draft."""
 
@@ -260,6 +316,9 @@ class SpecDecodeDeploymentSpec(ApiModel):
     )
     live_acceptance: LiveAcceptanceSpec = section(
         LiveAcceptanceSpec, "Live acceptance from vLLM's counters and the DraftDegraded condition."
+    )
+    verification: VerificationSpec = section(
+        VerificationSpec, "The correctness check (greedy outputs, acceptance floor) before a draft serves."
     )
 
 
@@ -345,7 +404,7 @@ class SpecDecodeDeploymentStatus(ApiModel):
     selector: str | None = Field(None, description="Label selector of the pods (scale subresource).")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Available, Progressing, DraftResolved and DraftDegraded.",
+        description="Available, Progressing, DraftResolved, DraftDegraded and DraftVerified.",
         json_schema_extra=CONDITIONS_FIELD,
     )
     resolved_draft: ResolvedDraft | None = Field(
@@ -360,6 +419,9 @@ class SpecDecodeDeploymentStatus(ApiModel):
     )
     live_acceptance_length: float | None = Field(
         None, description="Live mean acceptance length of the current revision (the printer column)."
+    )
+    verification: VerificationStatus | None = Field(
+        None, description="The check of the newest resolved draft (spec.verification)."
     )
     rejected_drafts: list[RejectedDraft] = Field(
         default_factory=list,

@@ -156,7 +156,7 @@ def apply_pod_policy(
     gpu_resource: str,
     runtime_user: bool = False,
 ) -> dict[str, Any]:
-    """Scheduling fields, the ROCm recipe for pods that get GPUs (REFERENCE section 4), the security
+    """Scheduling fields, the toleration of the GPU resource's taint for pods that get GPUs, the security
     contexts (runtime_user: the pod runs the eagle3 runtime image) and the image pull secrets."""
     scheduling = policy.scheduling
     tolerations = [t.to_json() for t in scheduling.tolerations]
@@ -183,6 +183,16 @@ def apply_pod_policy(
     return pod_spec
 
 
+def vllm_model_args(target: TargetSpec) -> list[str]:
+    """How vLLM loads and splits the target, wherever it runs it (a server, the verify check)."""
+    args = ["--tensor-parallel-size", str(target.tensor_parallel_size)]
+    if target.revision:
+        args += ["--revision", target.revision]
+    if target.quantization != "none":
+        args += ["--quantization", "quark"]  # Quark fp8/mxfp4 checkpoints carry quant_method quark
+    return args
+
+
 def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[str]:
     """`vllm serve` arguments for the target (speculative decoding is added by the caller)."""
     args = [
@@ -193,16 +203,26 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
         str(VLLM_PORT),
         "--served-model-name",
         served_model_name,
-        "--tensor-parallel-size",
-        str(target.tensor_parallel_size),
+        *vllm_model_args(target),
     ]
-    if target.revision:
-        args += ["--revision", target.revision]
-    if target.quantization != "none":
-        args += ["--quantization", "quark"]  # Quark fp8/mxfp4 checkpoints carry quant_method quark
     if target.max_model_len:
         args += ["--max-model-len", str(target.max_model_len)]
+    if target.attention_backend:
+        args += ["--attention-backend", target.attention_backend]
     return args + list(target.extra_args)
+
+
+def vllm_env(target: TargetSpec) -> list[dict[str, Any]]:
+    """The environment of a container that runs vLLM on the target (its Hugging Face cache under
+    the /cache emptyDir of vllm_pod_spec), the user's entries winning."""
+    return merge_env(
+        [
+            {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
+            {"name": "HF_HOME", "value": "/cache/huggingface"},
+            *hf_token_env(target),
+        ],
+        user_env(target),
+    )
 
 
 def vllm_container(
@@ -225,14 +245,7 @@ def vllm_container(
         "command": ["vllm", "serve"],
         "args": args,
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
-        "env": merge_env(
-            [
-                {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
-                {"name": "HF_HOME", "value": "/cache/huggingface"},
-                *hf_token_env(target),
-            ],
-            user_env(target),
-        ),
+        "env": vllm_env(target),
         "resources": gpu_resources(target, target.gpus, target.resources.to_json()),
         "volumeMounts": mounts.mounts,
         "startupProbe": probe | {"failureThreshold": startup_failures},

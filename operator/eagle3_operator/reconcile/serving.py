@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
-from eagle3_operator.reconcile import meta
+from eagle3_operator.reconcile import meta, verification
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
 from eagle3_operator.reconcile.live_acceptance import (
     REVISION_ANNOTATION,
@@ -58,6 +59,9 @@ class ServingObserved:
     refused: list[Refusal] = field(default_factory=list)
     # Reads of the vLLM pods' speculative-decoding counters (None: live acceptance is off).
     counters: History | None = None
+    # The verify Jobs (spec.verification) by name, and their pods.
+    verify_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    verify_pods: list[dict[str, Any]] = field(default_factory=list)
 
 
 # On the vLLM pod template: which export of a DraftTraining the pods load (its digest when the
@@ -300,6 +304,19 @@ class ServingPlanner:
         # What the pods served so far, as resolve_draft records it (the in-pod path is derived).
         served = {k: v for k, v in (old.get("resolvedDraft") or {}).items() if k != "model"} or None
         draft = resolve_draft(self.sdd, self.observed.draft_training, served)
+        # A new draft serves only once verified (spec.verification); until then the pods keep theirs.
+        now = iso(self.observed.now)
+        checked = verification.gate(
+            self.body,
+            self.sdd,
+            draft.draft,
+            served,
+            self.observed.verify_jobs,
+            self.observed.verify_pods,
+            now,
+        )
+        draft = dataclasses.replace(draft, draft=checked.serve)
+        plan.create += checked.jobs
         deployment, draft_path = self.deployment(draft.draft)
         svc_meta = meta.object_meta(self.body, self.name, self.labels)
         if spec.service.annotations:
@@ -327,7 +344,9 @@ class ServingPlanner:
         status.pop("speculation", None)
         status |= {"speculation": self.speculation} if self.speculation else {}
         conditions = list(status.get("conditions") or [])
-        gen, now = self.body["metadata"].get("generation"), iso(self.observed.now)
+        gen = self.body["metadata"].get("generation")
+        verification.apply_gate(checked, status, conditions, gen, now)
+        plan.events += checked.events
         previous = get_condition(conditions, "DraftResolved")
         set_condition(conditions, "DraftResolved", draft.resolved, draft.reason, draft.message, gen, now)
         plan.events += self._draft_events(draft, previous, served)

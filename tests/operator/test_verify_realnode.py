@@ -1,0 +1,156 @@
+"""The verification gate on the test bed's real node: the verify Job really runs `eagle3 verify`
+(real vLLM, CPU build, in the test bed's runtime image) over the tiny target and the constant draft
+of tests/monitoring/constant_draft.py (a real EAGLE-3 draft, accepted at a modest rate).
+
+One SpecDecodeDeployment with spec.verification on and replicas 0 (the check's Job needs the
+real node's CPU; a serving pod would only slow it): the first draft passes and rolls into the pod
+template; a second draft, asked for a floor above what it reaches, fails, lands in
+status.rejectedDrafts with the measured reason, and the template keeps the first draft. Both Jobs
+run with the target's attention backend (CPU_ATTN, the CPU build's own).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from eagle3_runtime.tiny_target import ensure_tiny_target
+from eagle3_runtime.verify import BUILTIN_PROMPTS
+from tests.monitoring.constant_draft import build_constant_draft, most_frequent_output_token
+from tests.operator.harness import condition, events_of, spec_decode_path
+from tests.support import realnode
+from tests.support.cluster import wait_until
+
+SDD = "gate"
+NUM_PROMPTS, MAX_TOKENS = 4, 24
+JOB_TIMEOUT_S = 600  # two vLLM start-ups in one pod on a shared 2-core machine
+
+
+def manifest(namespace: str) -> dict:
+    return {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "SpecDecodeDeployment",
+        "metadata": {"name": SDD, "namespace": namespace},
+        "spec": {
+            "target": {
+                "model": "pvc://target/target",
+                "imagePullPolicy": "Never",
+                "maxModelLen": 512,
+                "attentionBackend": "CPU_ATTN",
+                # Eager mode: no torch.compile at start-up (minutes on a busy 2-core machine).
+                "extraArgs": ["--dtype", "bfloat16", "--enforce-eager"],
+                "env": [
+                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+                    {"name": "HF_HUB_OFFLINE", "value": "1"},
+                ],
+                "resources": {"requests": {"cpu": "100m"}},
+                "shmSize": "1Gi",
+            },
+            "draft": {"model": "pvc://drafts/good"},
+            "replicas": 0,
+            "scheduling": {
+                "nodeSelector": realnode.REAL_NODE_SELECTOR,
+                "tolerations": realnode.REAL_NODE_TOLERATIONS,
+            },
+            "monitoring": {"serviceMonitor": False},
+            "verification": {
+                "enabled": True,
+                "imagePullPolicy": "Never",
+                "numPrompts": NUM_PROMPTS,
+                "maxTokens": MAX_TOKENS,
+            },
+        },
+    }
+
+
+def _verified(cluster, namespace: str, result: str) -> dict | None:
+    body = cluster.request("GET", spec_decode_path(namespace, SDD))
+    verification = (body.get("status") or {}).get("verification") or {}
+    return body if verification.get("result") == result else None
+
+
+def _template_draft(cluster, namespace: str) -> str | None:
+    deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{SDD}")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    if "--speculative-config" not in args:
+        return None
+    return json.loads(args[args.index("--speculative-config") + 1])["model"]
+
+
+def _jobs(cluster, namespace: str) -> list[dict]:
+    selector = f"eagle3.ai/spec-decode-deployment={SDD}"
+    return cluster.request("GET", f"/apis/batch/v1/namespaces/{namespace}/jobs?labelSelector={selector}")[
+        "items"
+    ]
+
+
+@pytest.mark.slow
+def test_a_passing_draft_rolls_out_and_a_failing_one_is_rejected(
+    cluster, real_node_namespace, start_operator, tmp_path
+):
+    ns = real_node_namespace
+    target = ensure_tiny_target()
+    token = most_frequent_output_token(target, list(BUILTIN_PROMPTS[:NUM_PROMPTS]), MAX_TOKENS)
+    models, drafts = tmp_path / "models", tmp_path / "drafts"
+    shutil.copytree(target, models / "target")
+    build_constant_draft(target, drafts / "good", token)
+    shutil.copytree(drafts / "good", drafts / "second")
+    realnode.readable_by_pods(models)
+    realnode.readable_by_pods(drafts)
+    cluster.real_node.host_path_claim(cluster, ns, "target", models)
+    cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
+    start_operator(ns)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
+
+    # Verifying: the Deployment serves the target alone until the first draft passes.
+    running = wait_until(
+        lambda: _verified(cluster, ns, "Running"), timeout=60, interval=1, what="a verify Job"
+    )
+    assert condition(running, "DraftVerified")["reason"] == "Verifying"
+    assert _template_draft(cluster, ns) is None
+    (job,) = _jobs(cluster, ns)
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--attention-backend") + 1] == "CPU_ATTN"
+
+    started = time.monotonic()
+    body = wait_until(
+        lambda: _verified(cluster, ns, "Passed"), timeout=JOB_TIMEOUT_S, interval=2, what="verified"
+    )
+    print(f"first draft verified after {time.monotonic() - started:.0f} s: {body['status']['verification']}")
+    verification = body["status"]["verification"]
+    assert verification["uri"] == "pvc://drafts/good" and verification["mismatches"] == 0
+    assert verification["identical"] + verification["flips"] == NUM_PROMPTS
+    assert verification["acceptanceLength"] > 1
+    assert condition(body, "DraftVerified")["status"] == "True"
+    wait_until(lambda: _template_draft(cluster, ns) == "/models/draft/good", timeout=30, interval=1,
+               what="the verified draft in the pod template")  # fmt: skip
+    assert body["status"]["resolvedDraft"]["uri"] == "pvc://drafts/good"
+
+    # A second draft asked for more than it reaches: rejected, the first keeps the template.
+    patch = {
+        "spec": {"draft": {"model": "pvc://drafts/second"}, "verification": {"minAcceptanceLength": 3.9}}
+    }
+    cluster.kubectl("patch", "sdd", SDD, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+    started = time.monotonic()
+    body = wait_until(
+        lambda: _verified(cluster, ns, "Failed"), timeout=JOB_TIMEOUT_S, interval=2, what="rejected"
+    )
+    print(f"second draft rejected after {time.monotonic() - started:.0f} s: {body['status']['verification']}")
+    (rejected,) = body["status"]["rejectedDrafts"]
+    assert (rejected["uri"], rejected["phase"], rejected["reason"]) == (
+        "pvc://drafts/second",
+        "Verification",
+        "VerificationFailed",
+    )
+    assert "is below the floor 3.9" in rejected["message"]
+    verified = condition(body, "DraftVerified")
+    assert (verified["status"], verified["reason"]) == ("False", "VerificationFailed")
+    assert "keep serving pvc://drafts/good" in verified["message"]
+    assert _template_draft(cluster, ns) == "/models/draft/good"
+    assert body["status"]["resolvedDraft"]["uri"] == "pvc://drafts/good"
+    reasons = [(e["type"], e["reason"]) for e in events_of(cluster, ns, SDD)]
+    assert ("Normal", "DraftVerified") in reasons and ("Warning", "DraftRejected") in reasons
+    assert len(_jobs(cluster, ns)) == 2, "a rejected draft is not checked again"
