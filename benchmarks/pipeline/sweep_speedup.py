@@ -35,7 +35,12 @@ def main() -> None:
     parser.add_argument("--max-speculative-tokens", type=int, default=5, help="Kmax of the sweep")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--rounds", type=int, default=1, help="ABBA pairs per K (and auto) and concurrency")
-    parser.add_argument("--prompts-per-domain", type=int, default=8)
+    parser.add_argument(
+        "--prompts-per-domain",
+        type=int,
+        default=16,
+        help="at least the largest concurrency (the sweep checks)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
 
@@ -64,7 +69,7 @@ def main() -> None:
 
     # What the operator renders for a SpecDecodeDeployment of this draft with numSpeculativeTokens: auto.
     sdd = {"apiVersion": "eagle3.ai/v1alpha1", "kind": "SpecDecodeDeployment",
-           "metadata": {"name": "bench", "namespace": "bench", "generation": 1},
+           "metadata": {"name": "bench", "namespace": "bench", "uid": "bench", "generation": 1},
            "spec": {"target": {"model": "pvc://models/target"}, "numSpeculativeTokens": "auto",
                     "draft": {"model": "pvc://drafts/draft", "speculationSchedule": schedule}}}  # fmt: skip
     planned = plan_serving(sdd, ServingObserved(now=datetime.now(UTC)))

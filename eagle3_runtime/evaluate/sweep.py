@@ -148,6 +148,15 @@ def run_sweep(config: SweepConfig) -> dict:
     if output.exists():
         return json.loads(output.read_text())
     domains = prompt_domains(config.prompts, config.prompts_per_domain)
+    # A domain's prompts run together (rounds go domain by domain), so a domain with fewer prompts
+    # than a concurrency never reaches that batch size: its K would be measured at a smaller one.
+    top = max(config.concurrency)
+    if short := {domain: len(prompts) for domain, prompts in domains.items() if len(prompts) < top}:
+        raise ValueError(
+            f"prompt domains {short} have fewer prompts than the largest concurrency {top}: a domain's "
+            "prompts run together, so its batch would never reach it; give more prompts per domain "
+            "(evaluation.promptsPerDomain, --prompts-per-domain) or a shorter ladder"
+        )
     started_at = utc_now()
     measurements: list[dict] = []
     ks = range(1, config.max_speculative_tokens + 1)

@@ -1,12 +1,16 @@
 """The speculation schedule: best K per concurrency -> vLLM's num_speculative_tokens_per_batch_size,
-checked by vLLM's own rules and read back the way vLLM reads it."""
+checked by vLLM's own rules and read back the way vLLM reads it; and what `eagle3 sweep` refuses."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from eagle3_runtime.cli import build_parser
 from eagle3_runtime.evaluate.sweep import best_per_concurrency
 from eagle3_runtime.evaluate.sweep_schedule import k_at, max_k, schedule_from_best, validate_schedule
+from eagle3_runtime.stages import sweep
 
 
 def test_best_k_per_concurrency_becomes_ranges_split_at_the_geometric_middle():
@@ -56,3 +60,16 @@ def test_best_k_is_the_fastest_against_its_own_baseline_and_off_when_none_is_fas
         {"concurrency": 1, "num_speculative_tokens": 2, "speedup": 1.6},
         {"concurrency": 8, "num_speculative_tokens": 0, "speedup": 1.0},
     ]
+
+
+def test_a_domain_with_fewer_prompts_than_the_top_concurrency_is_refused_before_any_server_starts(tmp_path):
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text("{}")
+    prompts = tmp_path / "code.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}():"}) + "\n" for i in range(3)))
+    argv = ["sweep", "--workspace", str(tmp_path / "ws"), "--target", "unused", "--checkpoint", str(tmp_path / "draft"),
+            "--prompts", f"{prompts},mode=completion", "--concurrency", "1", "4"]  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"prompt domains \{'code': 3\} have fewer prompts than the largest concurrency 4"
+    ):
+        sweep.run(build_parser(argv).parse_args(argv))
