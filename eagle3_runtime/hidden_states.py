@@ -4,7 +4,9 @@ A sample is one tokenised conversation with the residual stream of the target
 *entering* layers `layer_ids + [num_hidden_layers]`: the three auxiliary layers
 the draft's `fc` reads (vLLM's `eagle_aux_hidden_state_layer_ids` semantics; id 0
 is the embeddings), plus the output of the last decoder layer before the final
-norm, from which the trainer recomputes the target's logits.
+norm, from which the trainer recomputes the target's logits. A sample may also carry the
+target's top-1 token per position (`target_top1`, computed where the target's head already
+ran); the trainer then computes only the draft vocabulary's rows of that head.
 
 Offline extraction writes shards (`shard-00000.safetensors`, ...) with a
 `manifest.json`; streaming and online extraction yield the same `HiddenStateSample`
@@ -32,6 +34,9 @@ class HiddenStateSample:
     input_ids: torch.Tensor  # [T] int64
     loss_mask: torch.Tensor  # [T] bool: tokens the draft learns to predict (assistant tokens)
     hidden_states: torch.Tensor  # [T, 4, H]: aux low, mid, high, then last layer (pre-norm)
+    # [T] int64, optional: the target's argmax over its full vocabulary at each position, stored where
+    # its head already ran, so the trainer computes only the draft vocabulary's rows of the head
+    target_top1: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         t = self.input_ids.shape[0]
@@ -39,6 +44,7 @@ class HiddenStateSample:
             self.loss_mask.shape != (t,)
             or self.hidden_states.dim() != 3
             or self.hidden_states.shape[:2] != (t, 4)
+            or (self.target_top1 is not None and self.target_top1.shape != (t,))
         ):
             raise ValueError(
                 "hidden-state sample shapes disagree: input_ids "
@@ -126,6 +132,8 @@ class ShardWriter:
             "hidden_states": torch.cat([s.hidden_states for s in self._pending]).contiguous(),
             "lengths": lengths,
         }
+        if all(s.target_top1 is not None for s in self._pending):
+            tensors["target_top1"] = torch.cat([s.target_top1.to(torch.int64) for s in self._pending])
         tmp = self.directory / f".{name}.tmp"
         save_file(tensors, str(tmp))
         tmp.rename(self.directory / name)
@@ -179,6 +187,7 @@ def iter_shard_samples(directory: str | Path) -> Iterator[HiddenStateSample]:
                 input_ids=tensors["input_ids"][start:end],
                 loss_mask=tensors["loss_mask"][start:end],
                 hidden_states=tensors["hidden_states"][start:end],
+                target_top1=tensors["target_top1"][start:end] if "target_top1" in tensors else None,
             )
 
 

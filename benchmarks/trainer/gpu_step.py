@@ -5,6 +5,8 @@
     # equal global batch: 1 GPU x 2 rows against 2 GPUs x 1 row (compare with loss_curves.py)
     torchrun --nproc-per-node 1 benchmarks/trainer/gpu_step.py --impl ours --rows-per-rank 2 --out a.json
     torchrun --nproc-per-node 2 benchmarks/trainer/gpu_step.py --impl ours --rows-per-rank 1 --out b.json
+    # long rows: fewer, longer steps
+    python benchmarks/trainer/gpu_step.py --impl all --seq-len 16384 --pool 2 --steps 5 --warmup 2 --rounds 3
 
 Shapes (Llama-3-8B-like target): hidden 4096, 32 heads / 8 KV heads, MLP 14336, target vocab
 128256, draft vocab 32000, packed rows of 2048 tokens (one per GPU unless --rows-per-rank), 7 TTT
@@ -19,9 +21,13 @@ per-round ratios (speculators' speed moves by about 20 % between processes).
 
 Model FLOPs per token (for MFU) count what the step must compute: the draft's matmuls
 forward and backward (weight and input gradients; `fc` has no input gradient), attention
-scores and values over the TTT key pattern, and the target head's forward over the full
-vocabulary. MFU is over the best rate of a bf16 8192^3 matmul measured in the same process, or
+scores and values over the TTT key pattern, and the target head's forward over the rows it
+computes: the draft vocabulary's when the rows carry the target's top-1 (as offline shards do;
+speculators likewise), the full vocabulary for `ours_full_head` (`--full-head also|only`).
+MFU is over the best rate of a bf16 8192^3 matmul measured in the same process, or
 `--peak-tflops` where a process does not measure it (torchrun ranks).
+
+A runner that runs out of GPU memory (long rows) is dropped with the error in the result.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 4096, 32, 8, 128, 14336
 TARGET_VOCAB, DRAFT_VOCAB, LAYERS = 128256, 32000, 32
 TINY = dict(HIDDEN=64, HEADS=4, KV_HEADS=2, HEAD_DIM=16, MLP=128, TARGET_VOCAB=1000, DRAFT_VOCAB=500)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SEQ_LEN = 2048  # --seq-len
 
 
 def sync() -> None:
@@ -62,7 +69,7 @@ def target_config():
         head_dim=HEAD_DIM,
         num_hidden_layers=LAYERS,
         vocab_size=TARGET_VOCAB,
-        max_position_embeddings=8192,
+        max_position_embeddings=max(8192, SEQ_LEN),
         rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
     )
@@ -114,6 +121,8 @@ def peak_matmul_tflops() -> dict[str, float]:
 
 def synthetic_batches(count: int, seq_len: int, device):
     """Random target states and a draft vocabulary: the same tensors for both implementations."""
+    from eagle3_runtime.target import TargetHead
+
     g = torch.Generator().manual_seed(0)
     target = {
         "embeddings": (torch.randn(TARGET_VOCAB, HIDDEN, generator=g) * 0.02).to(torch.bfloat16),
@@ -135,6 +144,9 @@ def synthetic_batches(count: int, seq_len: int, device):
                 "loss_mask": torch.ones(1, seq_len, dtype=torch.bool, device=device),
             }
         )
+        # What extraction stores with the states: the target's top-1 over its full vocabulary.
+        head = TargetHead(target["norm"], target["lm_head"], 1e-5).to(device)
+        batches[-1]["top1"] = head(batches[-1]["last"]).argmax(-1)
     counts = torch.zeros(TARGET_VOCAB, dtype=torch.int64)
     for batch in batches:
         counts += torch.bincount(batch["input_ids"].flatten().cpu(), minlength=TARGET_VOCAB)
@@ -196,13 +208,27 @@ class Runner:
         return time.perf_counter() - started
 
 
-def measure(runners: list[Runner], args) -> None:
+def out_of_memory(runner: Runner, runners: list[Runner], failed: dict[str, str], error: Exception) -> None:
+    """Drops a runner that ran out of GPU memory (long rows): the others go on without its weights."""
+    failed[runner.name] = f"out of GPU memory: {str(error).splitlines()[0][:300]}"
+    print(f"{runner.name}: {failed[runner.name]}")
+    runners.remove(runner)
+    torch.cuda.empty_cache()
+
+
+def measure(runners: list[Runner], args) -> dict[str, str]:
     """Warm up (compile) each runner, then time `args.rounds` alternating windows of each (and
-    of each in the other mode, with --both-modes)."""
-    for runner in runners:
+    of each in the other mode, with --both-modes). Returns the runners dropped for running out
+    of memory (removed from `runners`), with the error."""
+    failed: dict[str, str] = {}
+    for runner in list(runners):
         graphs_before = counters["stats"]["unique_graphs"]
         allocated_before = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
-        runner.run(args.warmup)
+        try:
+            runner.run(args.warmup)
+        except torch.OutOfMemoryError as error:
+            out_of_memory(runner, runners, failed, error)
+            continue
         runner.facts["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
         if DEVICE == "cuda":
             runner.resident_bytes += torch.cuda.memory_allocated() - allocated_before
@@ -211,17 +237,25 @@ def measure(runners: list[Runner], args) -> None:
         windows += [(r, not r.pipelined) for r in runners]
     for round_index in range(args.rounds):
         for runner, pipelined in windows if round_index % 2 == 0 else windows[::-1]:
+            if runner not in runners:
+                continue
             others = sum(r.resident_bytes for r in runners if r is not runner)
             if DEVICE == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            elapsed = runner.run(args.steps, pipelined)
+            try:
+                elapsed = runner.run(args.steps, pipelined)
+            except torch.OutOfMemoryError as error:
+                out_of_memory(runner, runners, failed, error)
+                continue
             runner.rounds[pipelined].append(args.steps * runner.tokens_per_step / elapsed)
             if DEVICE == "cuda":
                 runner.peak_bytes = max(runner.peak_bytes, torch.cuda.max_memory_allocated() - others)
             mode = "pipelined" if pipelined else "waiting every step"
             print(
-                f"round {round_index + 1} {runner.name} ({mode}): {runner.rounds[pipelined][-1]:,.0f} tokens/s"
+                f"round {round_index + 1} {runner.name} ({mode}): {runner.rounds[pipelined][-1]:,.0f} tokens/s, "
+                f"peak memory {runner.peak_bytes / 2**30:.1f} GiB"
             )
+    return failed
 
 
 def kernel_categories(kernels: dict[str, float]) -> dict[str, float]:
@@ -328,7 +362,7 @@ def head_costs(target, counts, last: torch.Tensor, repeats: int = 20) -> dict[st
     return result
 
 
-def build_ours(args, target, counts, batches) -> Runner:
+def build_ours(args, target, counts, batches, *, stored_top1: bool = True) -> Runner:
     from eagle3_runtime.model.config import draft_config_from_target
     from eagle3_runtime.model.loss import TTTBatch
     from eagle3_runtime.model.vocab import build_draft_vocab
@@ -360,7 +394,9 @@ def build_ours(args, target, counts, batches) -> Runner:
         context=context,
         show_progress_bar=False,
     )
-    head = trainer.target_head
+    # As `DraftTrainer._batch` does: the draft vocabulary's rows of the head when the data carries
+    # the target's top-1, else the full head (its argmax gives the out-of-vocabulary mask).
+    head = trainer.draft_target_head if stored_top1 else trainer.target_head
     seq = args.seq_len
 
     def step(b):
@@ -371,13 +407,23 @@ def build_ours(args, target, counts, batches) -> Runner:
             predict_mask=b["loss_mask"],
             document_ids=torch.zeros_like(b["input_ids"]),
             positions=torch.arange(seq, device=b["input_ids"].device).expand_as(b["input_ids"]),
+            target_top1=b["top1"] if stored_top1 else None,
         )
         launched = trainer.launch(batch, b["input_ids"].numel())
         return lambda: launched.summary()["loss"]
 
-    facts = {"world_size": context.world_size, "rows_per_rank": args.rows_per_rank}
+    facts = {
+        "world_size": context.world_size,
+        "rows_per_rank": args.rows_per_rank,
+        "stored_top1": stored_top1,
+    }
     tokens = seq * args.rows_per_rank * context.world_size
-    return Runner("ours", step, batches, tokens, pipelined=True, facts=facts)
+    name = "ours" if stored_top1 else "ours_full_head"
+    return Runner(name, step, batches, tokens, pipelined=True, facts=facts)
+
+
+def build_ours_full_head(args, target, counts, batches) -> Runner:
+    return build_ours(args, target, counts, batches, stored_top1=False)
 
 
 def speculators_draft_config(verifier_config):
@@ -473,6 +519,12 @@ def build_speculators(args, target, counts, batches) -> Runner:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--impl", choices=["all", "ours", "speculators", "peak"], default="all")
+    parser.add_argument(
+        "--full-head",
+        choices=["no", "also", "only"],
+        default="no",
+        help="ours without the stored top-1 (the full target head each step): also, or instead",
+    )
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20)
@@ -518,6 +570,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny:
         globals().update(TINY)
+    globals()["SEQ_LEN"] = args.seq_len
     # The key length grows with each TTT step, so attention frames are compiled more than once.
     torch._dynamo.config.recompile_limit = 64
     result = {
@@ -530,6 +583,7 @@ def main() -> None:
         "rounds": args.rounds,
         "rows_per_rank": args.rows_per_rank,
         "freeze_lm_head": args.freeze_lm_head,
+        "full_head": args.full_head,
         "speculators_attention": args.speculators_attention,
         "speculators_loss": args.speculators_loss,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -540,7 +594,11 @@ def main() -> None:
         peak = peak_matmul_tflops()
         result["peak_bf16_tflops"], result["sustained_bf16_tflops"] = peak["best"], peak["sustained"]
     flops = {
+        # With the stored top-1 ours computes the head's draft-vocabulary rows only, as speculators does.
         "ours": flops_per_token(
+            args.seq_len, args.ttt_steps, lm_head_trained=not args.freeze_lm_head, target_vocab=DRAFT_VOCAB
+        ),
+        "ours_full_head": flops_per_token(
             args.seq_len, args.ttt_steps, lm_head_trained=not args.freeze_lm_head, target_vocab=TARGET_VOCAB
         ),
         "speculators": flops_per_token(
@@ -554,11 +612,18 @@ def main() -> None:
             else torch.device("cpu")
         )
         target, counts, batches = synthetic_batches(args.pool, args.seq_len, device)
+        # Counted in every runner's peak memory (allocated before any of them).
+        result["input_pool_gib"] = sum(t.nbytes for b in batches for t in b.values()) / 2**30
         if args.impl == "all" and DEVICE == "cuda":
             result["target_head_ms"] = head_costs(target, counts, batches[0]["last"][0])
         runners = []
-        for name, build in (("ours", build_ours), ("speculators", build_speculators)):
-            if args.impl in ("all", name):
+        builds = (
+            ("ours", build_ours, args.full_head != "only"),
+            ("ours_full_head", build_ours_full_head, args.full_head != "no"),
+            ("speculators", build_speculators, True),
+        )
+        for name, build, wanted in builds:
+            if wanted and args.impl in ("all", name.removesuffix("_full_head")):
                 allocated_before = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
                 try:
                     runners.append(build(args, target, counts, batches))
@@ -567,7 +632,8 @@ def main() -> None:
                     continue
                 if DEVICE == "cuda":  # its weights: another's peak must not count them
                     runners[-1].resident_bytes = torch.cuda.memory_allocated() - allocated_before
-        measure(runners, args)
+        for name, error in measure(runners, args).items():
+            result[name] = {"error": error}
         for runner in runners:
             tokens_per_second = statistics.median(runner.rounds[runner.pipelined])
             result[runner.name] = {
@@ -593,12 +659,17 @@ def main() -> None:
                     )
                 except Exception as exc:  # noqa: BLE001 - keep the measurement when the profiler fails
                     result[runner.name]["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
-        if len(runners) == 2:
-            ours, theirs = runners
+        by_name = {runner.name: runner for runner in runners}
+        theirs = by_name.get("speculators")
+        for name in ("ours", "ours_full_head"):
+            if theirs is None or name not in by_name:
+                continue
+            ours = by_name[name]
             ours_rounds, their_rounds = ours.rounds[ours.pipelined], theirs.rounds[theirs.pipelined]
             ratios = [a / b for a, b in zip(ours_rounds, their_rounds, strict=True)]
-            result["speedup_per_round"] = ratios
-            result["speedup_ours_over_speculators"] = statistics.median(ratios)
+            suffix = name.removeprefix("ours")
+            result[f"speedup_per_round{suffix}"] = ratios
+            result[f"speedup{suffix}_ours_over_speculators"] = statistics.median(ratios)
     if int(os.environ.get("RANK", 0)) == 0:
         text = json.dumps(result, indent=1)
         print(text)

@@ -1,9 +1,10 @@
 """Offline extraction: hidden states of every generated conversation, written as shards on disk.
 
 The extraction server's connector writes one safetensors file per request into a scratch
-directory; this module reads each back, pairs it with the record's loss mask, appends it to
-the shards (eagle3_runtime/hidden_states.py) in input order and deletes the scratch file.
-A killed run resumes after the last complete shard.
+directory; this module reads each back, pairs it with the record's loss mask, adds the target's
+top-1 token per position (its final norm and head over the last-layer states: once here instead
+of every epoch in the trainer), appends it to the shards (eagle3_runtime/hidden_states.py) in
+input order and deletes the scratch file. A killed run resumes after the last complete shard.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from safetensors.torch import load_file
 from eagle3_runtime.extract.server import request_hidden_states, served_model
 from eagle3_runtime.hidden_states import HiddenStateSample, ShardWriter
 from eagle3_runtime.progress import ProgressReporter
+from eagle3_runtime.target import TargetHead
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,20 @@ def file_samples(
             yield HiddenStateSample(
                 input_ids=input_ids, loss_mask=loss_mask, hidden_states=tensors["hidden_states"]
             )
+
+
+def with_target_top1(
+    samples: Iterable[HiddenStateSample], head: TargetHead, *, chunk_tokens: int = 4096
+) -> Iterator[HiddenStateSample]:
+    """The samples with `target_top1` set: the target's argmax over its full vocabulary at each
+    position (what the trainer's out-of-vocabulary mask reads), on the head's device."""
+    device = head.lm_head_weight.device
+    for sample in samples:
+        last = sample.last_hidden_state
+        sample.target_top1 = torch.cat(
+            [head(chunk.to(device)).argmax(-1).cpu() for chunk in last.split(chunk_tokens)]
+        )
+        yield sample
 
 
 async def _request_batch(server_url: str, batch: list[torch.Tensor], concurrency: int) -> list[dict]:

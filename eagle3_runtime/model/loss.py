@@ -31,10 +31,13 @@ if TYPE_CHECKING:
 class TTTBatch:
     input_ids: torch.Tensor  # [B, T] int64
     aux_hidden_states: torch.Tensor  # [B, T, 3*H_target]
-    target_logits: torch.Tensor  # [B, T, V] the target's logits (full vocabulary), no grad
+    # [B, T, V] the target's logits, no grad: the full vocabulary, or only the draft vocabulary's
+    # rows when `target_top1` carries the target's choice (the out-of-vocabulary mask needs no more)
+    target_logits: torch.Tensor
     predict_mask: torch.Tensor  # [B, T] bool: the target's prediction at t is a training target
     document_ids: torch.Tensor  # [B, T] int64, -1 for padding
     positions: torch.Tensor  # [B, T] int64, position within the document
+    target_top1: torch.Tensor | None = None  # [B, T] int64: the target's argmax over its full vocabulary
 
 
 @dataclass
@@ -120,9 +123,13 @@ def ttt_loss(
     `draft_ids`: target ids of the draft vocabulary (None when it is the whole vocabulary).
     """
     with torch.no_grad():
-        full = batch.target_logits
-        in_draft = draft.t2d[full.argmax(-1)]
-        restricted = full if draft_ids is None else full.index_select(-1, draft_ids)
+        if batch.target_top1 is None:
+            full = batch.target_logits
+            target_top1 = full.argmax(-1)
+            restricted = full if draft_ids is None else full.index_select(-1, draft_ids)
+        else:  # the data carries the target's choice: its logits are the draft vocabulary's rows already
+            target_top1, restricted = batch.target_top1, batch.target_logits
+        in_draft = draft.t2d[target_top1]
         target_log_probs = F.log_softmax(restricted.float(), dim=-1)
         target_choice = restricted.argmax(-1)
         masks = step_masks(batch, in_draft, steps)

@@ -14,17 +14,18 @@ import argparse
 import logging
 import signal
 import threading
-from functools import partial
 from pathlib import Path
 
+import torch
+
 from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH, iter_token_records
-from eagle3_runtime.extract.offline import file_samples, write_offline_shards
+from eagle3_runtime.extract.offline import file_samples, with_target_top1, write_offline_shards
 from eagle3_runtime.extract.server import start_extraction_server
 from eagle3_runtime.hidden_states import MANIFEST, read_manifest
 from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.progress import ProgressReporter
-from eagle3_runtime.target import load_target_config
+from eagle3_runtime.target import TargetHead, load_target_config
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,23 @@ def run(args: argparse.Namespace) -> StageResult:
         return _result(output, "already extracted")
     scratch = args.scratch_dir or workspace.root / ".extract-scratch"
     scratch.mkdir(parents=True, exist_ok=True)
+    # The target's head gives the top-1 stored with the states (on the GPU beside vLLM when there is one).
+    head = TargetHead.from_pretrained(args.target, config).to("cuda" if torch.cuda.is_available() else "cpu")
     server = None
     if args.server is None:
         server = start_extraction_server(
             args.target, layer_ids, config.num_hidden_layers, log_path=workspace.root / "logs" / "extract-vllm.log",
             storage_dir=scratch.resolve(), max_model_len=args.max_length + 1,
         )  # fmt: skip
+    url = server.url if server else args.server
+
+    def samples_for(pairs):
+        files = file_samples(url, pairs, concurrency=args.concurrency, layer_ids=layer_ids)
+        return with_target_top1(files, head)
+
     try:
-        url = server.url if server else args.server
         write_offline_shards(
-            partial(file_samples, url, concurrency=args.concurrency, layer_ids=layer_ids),
+            samples_for,
             records, output, layer_ids=layer_ids, num_hidden_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size, samples_per_shard=args.samples_per_shard,
             reporter=ProgressReporter("extract", workspace.root),

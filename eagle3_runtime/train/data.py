@@ -31,6 +31,7 @@ class PackedRow:
     document_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     num_tokens: int  # real (non-padding) tokens
+    target_top1: torch.Tensor | None = None  # [T]: when every sample carries the target's top-1
 
 
 def check_sample(sample: HiddenStateSample, hidden_size: int, vocab_size: int) -> None:
@@ -97,6 +98,8 @@ def _build_row(samples: list[HiddenStateSample], seq_len: int) -> PackedRow:
     predict = torch.zeros(seq_len, dtype=torch.bool)
     docs = torch.full((seq_len,), PADDING_DOCUMENT, dtype=torch.int64)
     positions = torch.zeros(seq_len, dtype=torch.int64)
+    carries_top1 = all(sample.target_top1 is not None for sample in samples)
+    top1 = torch.zeros(seq_len, dtype=torch.int64) if carries_top1 else None
     start = 0
     for doc, sample in enumerate(samples):
         n = min(sample.input_ids.shape[0], seq_len)
@@ -108,8 +111,10 @@ def _build_row(samples: list[HiddenStateSample], seq_len: int) -> PackedRow:
         predict[start : end - 1] = sample.loss_mask[1:n].to(torch.bool)
         docs[start:end] = doc
         positions[start:end] = torch.arange(n)
+        if top1 is not None:
+            top1[start:end] = sample.target_top1[:n]
         start = end
-    return PackedRow(ids, aux, last, predict, docs, positions, start)
+    return PackedRow(ids, aux, last, predict, docs, positions, start, top1)
 
 
 class RowStream:
@@ -155,7 +160,7 @@ def stack_rows(rows: list[PackedRow], device: torch.device, dtype: torch.dtype) 
         t = torch.stack([getattr(r, name) for r in rows]).to(device, non_blocking=True)
         return t.to(cast) if cast is not None else t
 
-    return {
+    tensors = {
         "input_ids": stack("input_ids"),
         "aux_hidden_states": stack("aux_hidden_states", dtype),
         "last_hidden_state": stack("last_hidden_state", dtype),
@@ -163,3 +168,6 @@ def stack_rows(rows: list[PackedRow], device: torch.device, dtype: torch.dtype) 
         "document_ids": stack("document_ids"),
         "positions": stack("positions"),
     }
+    if all(row.target_top1 is not None for row in rows):
+        tensors["target_top1"] = stack("target_top1")
+    return tensors

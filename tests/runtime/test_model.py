@@ -310,6 +310,53 @@ def test_loss_with_a_uniform_draft_is_log_vocab_minus_target_entropy():
     assert draft.lm_head.weight.grad.abs().sum() > 0 and draft.embed_tokens.weight.grad is None
 
 
+@pytest.mark.parametrize("gather_counted", [True, False])
+def test_a_stored_target_top1_gives_the_loss_of_the_full_head(gather_counted):
+    """Rows that carry the target's top-1 come with its logits over the draft vocabulary's rows
+    only: the same loss, metrics and gradients as the full-vocabulary logits (whose argmax the
+    out-of-vocabulary mask otherwise reads)."""
+    torch.manual_seed(5)
+    vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)  # draft ids = target ids 0..19
+    t_len = 24
+    full = torch.randn(1, t_len, 50) * 3
+    full[..., 20:] -= 20.0  # the target's top-1 is inside the draft vocabulary...
+    full[0, ::3, 40] += 50.0  # ...except at every third slot
+    common = dict(
+        input_ids=torch.randint(0, 50, (1, t_len)),
+        aux_hidden_states=torch.randn(1, t_len, 96),
+        predict_mask=torch.ones(1, t_len, dtype=torch.bool),
+        document_ids=torch.tensor([[0] * 10 + [1] * 14]),
+        positions=torch.cat([torch.arange(10), torch.arange(14)])[None],
+    )
+    batches = [
+        TTTBatch(target_logits=full, **common),
+        TTTBatch(target_logits=full[..., vocab.used_ids], target_top1=full.argmax(-1), **common),
+    ]
+    results = []
+    for batch in batches:
+        draft = tiny_draft()
+        draft.d2t.copy_(vocab.d2t)
+        draft.t2d.copy_(vocab.t2d)
+        loss, stats = draft(
+            batch,
+            loss_fn=ttt_loss,
+            steps=3,
+            decay=0.8,
+            draft_ids=vocab.used_ids,
+            gather_counted=gather_counted,
+        )
+        loss.backward()
+        results.append((loss.detach(), stats.as_tensor(), {n: p.grad for n, p in draft.named_parameters()}))
+    (full_loss, full_stats, full_grads), (loss, stats, grads) = results
+    # step 0 counts slot t when t+1 is in its document and not an out-of-vocabulary top-1
+    excluded = {t for t in range(t_len - 1) if (t + 1) % 3 == 0 or t == 9}
+    assert full_stats[1, 0] == t_len - 1 - len(excluded)
+    torch.testing.assert_close(loss, full_loss)
+    torch.testing.assert_close(stats, full_stats)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(grads[name], grad, msg=name)
+
+
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_the_whole_ttt_loss_compiles_to_one_graph_with_the_eager_values(num_layers):
     """On GPU the trainer compiles `ttt_loss` whole (`compiled_ttt_loss`). `fullgraph=True` fails

@@ -10,6 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from eagle3_runtime.extract.offline import with_target_top1
+from eagle3_runtime.hidden_states import iter_shard_samples, write_samples
 from eagle3_runtime.layout import Workspace
 from eagle3_runtime.model.config import draft_config_from_target
 from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
@@ -32,6 +34,7 @@ def make_trainer(
     draft_vocab=48,
     device="cpu",
     head_dim=8,
+    source=None,
     **kw,
 ):
     target = synthetic_target(VOCAB, HIDDEN)
@@ -47,9 +50,11 @@ def make_trainer(
     )
     draft_config = draft_config_from_target(config, layer_ids="auto", draft_vocab_size=draft_vocab)
 
-    def source():
+    def synthetic_source():
         target_for_states = synthetic_target(VOCAB, hidden)
         return synthetic_samples(target_for_states, num_samples=num_samples, length=40, seed=1)
+
+    source = source or synthetic_source
 
     vocab = build_draft_vocab(
         count_tokens(((s.input_ids, s.loss_mask) for s in source()), VOCAB), draft_vocab
@@ -138,6 +143,25 @@ def test_two_gloo_processes_match_one(tmp_path):
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-4), step
     assert two[8] < two[1]
+
+
+def test_shards_that_carry_the_target_top1_train_as_the_full_head_does(tmp_path):
+    """Offline extraction stores the target's top-1 with the states; the shards keep it, packed rows
+    carry it, and the trainer then computes only the draft vocabulary's rows of the head: the same
+    losses as from states without it."""
+    target = synthetic_target(VOCAB, HIDDEN)
+    head = TargetHead(target["norm"], target["lm_head"], LlamaConfig().rms_norm_eps)
+    samples = with_target_top1(synthetic_samples(target, num_samples=12, length=40, seed=1), head)
+    shards = tmp_path / "shards"
+    write_samples(
+        shards, samples, layer_ids=[1, 2, 3], num_hidden_layers=4, hidden_size=HIDDEN, samples_per_shard=5
+    )
+    stored = make_trainer(None, steps=3, source=lambda: iter_shard_samples(shards))
+    plain = make_trainer(None, steps=3)
+    for _ in range(3):
+        assert stored.train_step()["loss"] == pytest.approx(plain.train_step()["loss"], rel=1e-5)
+    batch, _ = stored._batch()
+    assert batch.target_top1 is not None and batch.target_logits.shape[-1] == 48  # the draft vocabulary
 
 
 def test_errors_are_clear(tmp_path):
