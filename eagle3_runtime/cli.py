@@ -27,6 +27,7 @@ STAGES = {
     "train": "train the EAGLE-3 draft head (TTT loss; FSDP2 under torchrun)",
     "evaluate": "serve a checkpoint with vLLM speculative decoding and measure acceptance",
     "select": "pick the best checkpoint by measured acceptance length",
+    "sweep": "measure tokens/s at K = 0..Kmax over a ladder of concurrencies -> the per-batch-size K schedule",
     "export": "write a checkpoint as a vLLM-loadable draft directory",
     "quantize": "quantise an exported draft with AMD Quark (fp8, mxfp4)",
     "verify": "check that a draft changes no greedy output and reaches an acceptance floor",

@@ -22,7 +22,7 @@ TERMINATION_MESSAGE_LIMIT = 4096
 DEFAULT_RESULT_FILE = "/dev/termination-log"
 
 StageName = Literal[
-    "generate", "extract", "train", "evaluate", "select", "export", "quantize", "verify", "pipeline"
+    "generate", "extract", "train", "evaluate", "select", "sweep", "export", "quantize", "verify", "pipeline"
 ]
 
 
@@ -95,8 +95,11 @@ class StageResult(BaseModel):
     stage: StageName
     ok: bool = True
     message: str = ""
-    # Stage-specific numbers, e.g. {"samples": 512} or {"step": 900, "loss": 1.9}.
-    metrics: dict[str, float | int | str | list[float | int | str] | None] = Field(default_factory=dict)
+    # Stage-specific numbers, e.g. {"samples": 512} or {"step": 900, "loss": 1.9}; rows of ints
+    # for sweep's schedule.
+    metrics: dict[str, float | int | str | list[float | int | str] | list[list[int]] | None] = Field(
+        default_factory=dict
+    )
     # Files the stage produced, relative to the workspace root.
     artifacts: dict[str, str] = Field(default_factory=dict)
 

@@ -75,7 +75,10 @@ def stages(dt: DraftTraining) -> list[str]:
     order = ["generate"]
     if spec.hidden_states.mode == "offline":
         order.append("extract")
-    order += ["train", "evaluate", "select", "export"]
+    order += ["train", "evaluate", "select"]
+    if spec.evaluation.sweep:
+        order.append("sweep")
+    order.append("export")
     if spec.export.quantize != "none":
         order.append("quantize")
     return order
@@ -225,6 +228,25 @@ def _select_argv(dt: DraftTraining, at: Locations) -> list[str]:
     return ["select", "--workspace", at.workspace]
 
 
+def _sweep_argv(dt: DraftTraining, at: Locations) -> list[str]:
+    """`eagle3 sweep` of the selected checkpoint, on evaluate's prompts and answer length."""
+    spec, evaluation = dt.spec, dt.spec.evaluation
+    sweep = evaluation.sweep
+    assert sweep is not None, "stages() plans sweep only with evaluation.sweep"
+    argv = ["sweep", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
+            "--checkpoint", "best"]  # fmt: skip
+    for source in evaluation.prompts or spec.data.sources[:1]:
+        argv += ["--prompts", _source_arg(source, at)]
+    argv += [
+        "--max-speculative-tokens", str(sweep.max_speculative_tokens),
+        "--concurrency", *map(str, sweep.concurrency), "--rounds", str(sweep.rounds),
+        "--prompts-per-domain", str(evaluation.prompts_per_domain), "--max-tokens", str(evaluation.max_tokens),
+    ]  # fmt: skip
+    if spec.target.max_model_len:
+        argv += ["--max-model-len", str(spec.target.max_model_len)]
+    return argv
+
+
 def _export_argv(dt: DraftTraining, at: Locations) -> list[str]:
     """`eagle3 export` of the selected checkpoint: to its destination, or into the workspace for
     the quantize stage to read."""
@@ -262,6 +284,7 @@ def stage_argv(
     by_stage = {
         "extract": _extract_argv,
         "select": _select_argv,
+        "sweep": _sweep_argv,
         "export": _export_argv,
         "quantize": _quantize_argv,
     }

@@ -105,7 +105,11 @@ class VLLMServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> VLLMServer:
+    def start(self, *, wait: bool = True) -> VLLMServer:
+        """Launch the server; with `wait`, return once it is healthy (else call wait_ready()).
+
+        Launch from a thread that outlives the server: Linux sends the parent-death signal when
+        the launching thread exits."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting vLLM on %s (log %s)", self.url, self.log_path)
         with open(self.log_path, "ab") as log_file:
@@ -120,12 +124,17 @@ class VLLMServer:
                 start_new_session=True,  # own process group: stop() reaches the engine workers too
                 preexec_fn=_terminate_with_parent,
             )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until the launched server is healthy; stop it if it does not get there."""
         try:
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _wait_healthy(self) -> None:
         started = time.monotonic()

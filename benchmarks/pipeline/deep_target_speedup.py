@@ -93,15 +93,16 @@ def build(args: argparse.Namespace) -> None:
     print(json.dumps(built))
 
 
-def run(args: argparse.Namespace) -> None:
+def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None):
+    """The tiny-cpu pipeline on the deeper target with this benchmark's draft budget (`evaluation`:
+    more keys of spec.evaluation); (manifest body, PipelineConfig, pipeline StageResult)."""
     # Imported here: `build` runs on GPU machines that have only torch and transformers.
     import yaml
-    from eagle3_operator.api.draft_training import DraftTraining
 
     from eagle3_runtime.pipeline.config import load_config
     from eagle3_runtime.pipeline.presets import manifest
     from eagle3_runtime.pipeline.prompts import write_prompt_sets
-    from eagle3_runtime.pipeline.runner import PipelineRunner, run_stage
+    from eagle3_runtime.pipeline.runner import PipelineRunner
 
     workspace = args.workspace
     workspace.mkdir(parents=True, exist_ok=True)
@@ -125,14 +126,25 @@ def run(args: argparse.Namespace) -> None:
             spec["data"]["sources"] += [{**source, "claimName": claim} for source in preset_sources]
     spec["data"] |= {"numSamples": args.num_samples, "concurrency": args.generate_concurrency}
     spec["training"] |= {"steps": args.draft_steps, "checkpointEvery": args.checkpoint_every}
-    spec["evaluation"]["everyCheckpoints"] = args.evaluate_every
+    spec["evaluation"] |= {"everyCheckpoints": args.evaluate_every, **(evaluation or {})}
     manifest_file = workspace / "drafttraining.yaml"
     manifest_file.write_text(yaml.safe_dump(body, sort_keys=False))
     config = load_config(manifest_file, volumes)
-    started = time.monotonic()
     pipeline = PipelineRunner(config, workspace).run()
     if not pipeline.ok:
         sys.exit(f"pipeline failed: {pipeline.message}")
+    return body, config, pipeline
+
+
+def run(args: argparse.Namespace) -> None:
+    from eagle3_operator.api.draft_training import DraftTraining
+
+    from eagle3_runtime.pipeline.runner import PipelineRunner, run_stage
+
+    workspace = args.workspace
+    started = time.monotonic()
+    body, config, pipeline = run_pipeline(args)
+    spec = body["spec"]
     summary_file = workspace / "deep_target_speedup.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"measurements": {}}
     for k in args.speculative_tokens:
@@ -184,8 +196,7 @@ def main() -> None:
     build_parser.add_argument("--heads", type=int, help="attention heads (default: hidden / 64)")
     build_parser.add_argument("--intermediate", type=int, help="MLP width (default: scaled with --hidden)")
     run_parser = commands.add_parser("run", help="pipeline and speedup on vLLM's CPU build")
-    run_parser.add_argument("--target", type=Path, required=True)
-    run_parser.add_argument("--workspace", type=Path, required=True)
+    add_pipeline_arguments(run_parser)
     run_parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     run_parser.add_argument(
         "--speculative-tokens",
@@ -195,20 +206,6 @@ def main() -> None:
         help="num_speculative_tokens values to measure",
     )
     run_parser.add_argument("--rounds", type=int, default=4, help="candidate/baseline pairs (ABBA order)")
-    run_parser.add_argument("--num-samples", type=int, default=2688, help="on-policy samples for the draft")
-    run_parser.add_argument(
-        "--prompt-seeds",
-        type=int,
-        nargs="+",
-        default=[0, 1, 2],
-        help="training prompt sets (seeds of their cut)",
-    )
-    run_parser.add_argument("--generate-concurrency", type=int, default=16)
-    run_parser.add_argument("--draft-steps", type=int, default=840)
-    run_parser.add_argument("--checkpoint-every", type=int, default=210)
-    run_parser.add_argument(
-        "--evaluate-every", type=int, default=3, help="evaluate every N-th checkpoint (and the last)"
-    )
     run_parser.add_argument("--prompts-per-domain", type=int, default=8)
     run_parser.add_argument("--max-tokens", type=int, default=128)
     run_parser.add_argument(
@@ -216,6 +213,26 @@ def main() -> None:
     )
     args = parser.parse_args()
     build(args) if args.command == "build" else run(args)
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """The target, the workspace and the draft budget (sweep_speedup.py runs the same pipeline)."""
+    parser.add_argument("--target", type=Path, required=True)
+    parser.add_argument("--workspace", type=Path, required=True)
+    parser.add_argument("--num-samples", type=int, default=2688, help="on-policy samples for the draft")
+    parser.add_argument(
+        "--prompt-seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="training prompt sets (seeds of their cut)",
+    )
+    parser.add_argument("--generate-concurrency", type=int, default=16)
+    parser.add_argument("--draft-steps", type=int, default=840)
+    parser.add_argument("--checkpoint-every", type=int, default=210)
+    parser.add_argument(
+        "--evaluate-every", type=int, default=3, help="evaluate every N-th checkpoint (and the last)"
+    )
 
 
 if __name__ == "__main__":

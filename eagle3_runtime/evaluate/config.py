@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,18 @@ class EvaluateConfig:
                 f"--rounds {self.rounds} alternates candidate and baseline, so both servers must be up: "
                 "use --baseline interleaved (or --server with --baseline-server)"
             )
+
+
+def add_prompts_argument(parser: argparse.ArgumentParser) -> None:
+    """`--prompts`, repeatable: the prompt sets `eagle3 evaluate` and `eagle3 sweep` measure on."""
+    parser.add_argument(
+        "--prompts",
+        action="append",
+        required=True,
+        type=SourceSpec.parse,
+        metavar="PATH[,mode=chat|completion][,prompt-field=F][,domain=D]",
+        help="evaluation prompts (JSONL/Parquet/directory), grouped by their `domain` field or file name",
+    )
 
 
 def speculative_config(draft_dir: str | Path, num_speculative_tokens: int) -> dict:

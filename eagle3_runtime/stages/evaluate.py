@@ -20,9 +20,8 @@ from pathlib import Path
 
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
-from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig
+from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig, add_prompts_argument
 from eagle3_runtime.layout import StageResult
-from eagle3_runtime.prompt_sources import SourceSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint", required=True, help="step-N (a training checkpoint) or a draft directory"
     )
-    parser.add_argument(
-        "--prompts",
-        action="append",
-        required=True,
-        type=SourceSpec.parse,
-        metavar="PATH[,mode=chat|completion][,prompt-field=F][,domain=D]",
-        help="evaluation prompts (JSONL/Parquet/directory), grouped by their `domain` field or file name",
-    )
+    add_prompts_argument(parser)
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--server", help="a running vLLM server that serves the target with this draft")
     parser.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from eagle3_runtime.evaluate.sweep import sweep_file
 from eagle3_runtime.export import copy_draft_dir, publish_draft, staging_dir, write_speculators_dir
 from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.train.checkpoint import MANIFEST
@@ -55,7 +56,11 @@ def run(args: argparse.Namespace) -> StageResult:
             staged, source, verifier=verifier, speculative_tokens=args.num_speculative_tokens
         )
     step = int(source.name.removeprefix("step-"))
-    output, digest = publish_draft(staged, destination, {"format": args.format, "checkpoint_step": step})
+    record: dict = {"format": args.format, "checkpoint_step": step}
+    if (swept := sweep_file(workspace, source.name)).exists():
+        # `eagle3 sweep`'s K per batch size, for SpecDecodeDeployments with numSpeculativeTokens: auto.
+        record["speculation_schedule"] = json.loads(swept.read_text())["schedule"]
+    output, digest = publish_draft(staged, destination, record)
     return StageResult(
         stage="export",
         message=f"exported {source.name} as {args.format} to {output}",

@@ -125,4 +125,7 @@ def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any
         }
     if stage == "select":
         return {"step": total_steps, "acceptance_length": acceptance_at(total_steps, total_steps)}
+    if stage == "sweep":
+        return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
+                "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip
     return {}

@@ -30,7 +30,8 @@ def test_crd_schemas_are_structural_and_explained(name):
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
         assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        untyped = node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+        assert "type" in node or untyped, f"{path} has no type"
         assert "title" not in node, path
     for root in ("spec", "status"):
         for path, node in _walk(schema["properties"][root], root):

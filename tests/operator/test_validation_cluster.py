@@ -84,6 +84,18 @@ INVALID = [
                                                    "valueFrom": {"secretKeyRef": {"name": "s"}}}]}),
      "env entries take value or valueFrom, not both"),
     ("sdd-gpu-resource", _sdd(**{"spec.target.gpuResourceName": "nvidia.com/gpu"}), "spec.target.gpuResourceName"),
+    ("sdd-tokens-word", _sdd(**{"spec.numSpeculativeTokens": "many"}),
+     'numSpeculativeTokens must be an integer from 1 to 16, or "auto"'),
+    ("sdd-too-many-tokens", _sdd(**{"spec.numSpeculativeTokens": 17}),
+     'numSpeculativeTokens must be an integer from 1 to 16, or "auto"'),
+    ("sdd-reserved-speculative-key", _sdd(**{"spec.speculativeConfig": {"num_speculative_tokens": "9"}}),
+     "speculativeConfig must not set method, model, revision, num_speculative_tokens"),
+    ("sdd-schedule-not-from-one", _sdd(**{"spec.draft.speculationSchedule": [[2, 4, 1]]}),
+     "the first speculationSchedule range must start at batch size 1"),
+    ("sdd-schedule-short-range", _sdd(**{"spec.draft.speculationSchedule": [[1, 4]]}),
+     "spec.draft.speculationSchedule[0]"),
+    ("dt-sweep-kmax", _dt(**{"spec.evaluation": {"sweep": {"maxSpeculativeTokens": 0}}}),
+     "spec.evaluation.sweep.maxSpeculativeTokens"),
 ]  # fmt: skip
 
 
@@ -105,6 +117,29 @@ def test_valid_objects_are_accepted_with_defaults(crds: LocalCluster, namespace:
     )
     sdd = crds.request("POST", spec_decode_path(namespace), _sdd(**{"metadata.name": "ok"}))
     assert sdd["spec"]["replicas"] == 1 and sdd["spec"]["monitoring"]["serviceMonitor"] is True
+
+
+def test_auto_speculation_and_extra_speculative_config_keys_are_kept(crds: LocalCluster, namespace: str):
+    body = _sdd(**{"metadata.name": "auto", "spec.numSpeculativeTokens": "auto", "spec.expectedConcurrency": 4,
+                   "spec.speculativeConfig": {"draft_tensor_parallel_size": "1", "disable_padded_drafter_batch": "true"},
+                   "spec.draft.speculationSchedule": [[1, 2, 4], [3, 16, 0]]})  # fmt: skip
+    spec = crds.request("POST", spec_decode_path(namespace), body)["spec"]
+    assert spec["numSpeculativeTokens"] == "auto" and spec["expectedConcurrency"] == 4
+    assert spec["speculativeConfig"] == {
+        "draft_tensor_parallel_size": "1",
+        "disable_padded_drafter_batch": "true",
+    }
+    assert spec["draft"]["speculationSchedule"] == [[1, 2, 4], [3, 16, 0]]
+    dt = crds.request(
+        "POST",
+        draft_training_path(namespace),
+        _dt(**{"metadata.name": "swept", "spec.evaluation": {"sweep": {}}}),
+    )
+    assert dt["spec"]["evaluation"]["sweep"] == {
+        "maxSpeculativeTokens": 4,
+        "concurrency": [1, 2, 4, 8, 16],
+        "rounds": 1,
+    }
 
 
 def test_epochs_and_a_warm_started_multi_layer_draft_are_accepted(crds: LocalCluster, namespace: str):

@@ -191,7 +191,7 @@ def _field_rows(schema: dict[str, Any], prefix: str, required: set[str]) -> list
     rows = []
     for name, sub in schema.get("properties", {}).items():
         path = f"{prefix}.{name}"
-        kind = sub.get("type", "object")
+        kind = "integer or string" if sub.get("x-kubernetes-int-or-string") else sub.get("type", "object")
         if kind == "array":
             kind = f"[]{sub['items'].get('type', 'object')}"
         facts = []

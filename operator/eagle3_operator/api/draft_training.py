@@ -24,7 +24,7 @@ from eagle3_operator.api.common import (
 KIND = "DraftTraining"
 PLURAL = "drafttrainings"
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/eagle3-ai/eagle3-runtime:0.1.0"
-StageName = Literal["generate", "extract", "train", "evaluate", "select", "export", "quantize"]
+StageName = Literal["generate", "extract", "train", "evaluate", "select", "sweep", "export", "quantize"]
 DEFAULT_STEPS = 2000
 MAX_DRAFT_LAYERS = 4  # the runtime's bound too (eagle3_runtime.model.config)
 RelativePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^/\s][^\s]*$")]
@@ -269,6 +269,22 @@ class TrainingSpec(ApiModel):
         return ["--steps", str(self.total_steps)]
 
 
+class SweepSpec(ApiModel):
+    """`eagle3 sweep` of the selected checkpoint: tokens/s at K = 0 (off) .. Kmax over a ladder of
+    concurrencies, against the target without speculation; the best K per concurrency becomes the
+    draft's speculation schedule (status.sweep, its eagle3-export.json)."""
+
+    max_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
+        4, description="Kmax: K = 1 .. Kmax are measured (K = 0 is the baseline)."
+    )
+    concurrency: Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=1, max_length=16)] = (
+        Field([1, 2, 4, 8, 16], description="The ladder of concurrencies.")
+    )
+    rounds: Annotated[int, Field(ge=1, le=16)] = Field(
+        1, description="Candidate/baseline pairs (ABBA order) per K and concurrency."
+    )
+
+
 class EvaluationSpec(ApiModel):
     """Measured acceptance of checkpoints with real speculative decoding."""
 
@@ -294,6 +310,11 @@ class EvaluationSpec(ApiModel):
     )
     min_acceptance_length: Annotated[float, Field(ge=1, le=17)] | None = Field(
         None, description="Fail the training when the best measured mean acceptance length is below this."
+    )
+    sweep: SweepSpec | None = Field(
+        None,
+        description="Sweep the selected checkpoint over K and concurrency (a stage between select and "
+        "export) for SpecDecodeDeployments with numSpeculativeTokens: auto; no sweep when unset.",
     )
 
 
@@ -449,6 +470,24 @@ class ExportedDraft(ApiModel):
     quantization: str = Field(description="Draft quantization.")
 
 
+class SweepPoint(ApiModel):
+    """The best K at one concurrency of the sweep."""
+
+    concurrency: int = Field(description="Requests in flight.")
+    num_speculative_tokens: int = Field(description="The fastest K (0: no speculation was fastest).")
+    speedup: float = Field(description="Its tokens/s over the no-speculation rounds beside it.")
+
+
+class SweepResult(ApiModel):
+    """The sweep of the exported draft (evaluations/sweep-DRAFT.json has every round)."""
+
+    schedule: list[list[int]] = Field(
+        description="vLLM num_speculative_tokens_per_batch_size: [first batch size, last batch size, K]."
+    )
+    num_speculative_tokens: int = Field(description="The schedule's largest K (what vLLM caps it at).")
+    best: list[SweepPoint] = Field(default_factory=list, description="The best K per concurrency.")
+
+
 class DraftTrainingStatus(ApiModel):
     """Observed state of the pipeline."""
 
@@ -471,6 +510,9 @@ class DraftTrainingStatus(ApiModel):
     )
     best_checkpoint: BestCheckpoint | None = Field(None, description="The checkpoint selected for export.")
     export: ExportedDraft | None = Field(None, description="The exported draft.")
+    sweep: SweepResult | None = Field(
+        None, description="The speculation schedule measured by the sweep stage (evaluation.sweep)."
+    )
     workspace_claim: str | None = Field(None, description="The workspace PVC.")
     workspace_path: str | None = Field(
         None,

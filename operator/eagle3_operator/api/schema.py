@@ -31,6 +31,9 @@ def _convert(
         referenced = defs[node.pop("$ref").rsplit("/", 1)[-1]]
         # Keys next to the $ref (the field's description, default) win over the model's own.
         node = {**referenced, **node}
+    if node.get("x-kubernetes-int-or-string"):
+        # An integer or a string (Kubernetes' int-or-string): no type; a CEL rule checks the values.
+        node.pop("anyOf", None)
     if "anyOf" in node:
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
         if len(branches) != 1:
@@ -61,7 +64,8 @@ def _convert(
             out[key] = _convert(value, defs, keep_defaults, f"{path}{{}}", is_field=False)
         else:
             out[key] = value
-    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    untyped = ("x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string")
+    if "type" not in out and not any(out.get(marker) for marker in untyped):
         raise SchemaError(f"{path}: no type; give the field a concrete type or a free-form object marker")
     if is_field and "description" not in out:
         raise SchemaError(f"{path}: no description (kubectl explain needs one on every field)")

@@ -24,6 +24,71 @@ KIND = "SpecDecodeDeployment"
 PLURAL = "specdecodedeployments"
 
 
+# An integer 1..16 or "auto" (x-kubernetes-int-or-string; the CEL rule checks either form).
+NumSpeculativeTokens = Annotated[int, Field(ge=1, le=16)] | Literal["auto"]
+NUM_SPECULATIVE_TOKENS_SCHEMA = {
+    "x-kubernetes-int-or-string": True,
+    "x-kubernetes-validations": [
+        cel(
+            "type(self) == int ? (self >= 1 && self <= 16) : self == 'auto'",
+            'numSpeculativeTokens must be an integer from 1 to 16, or "auto"',
+        )
+    ],
+}
+# vLLM's --speculative-config keys that the operator sets itself.
+RESERVED_SPECULATIVE_KEYS = (
+    "method",
+    "model",
+    "revision",
+    "num_speculative_tokens",
+    "num_speculative_tokens_per_batch_size",
+)
+# Values are strings, each read as JSON where it parses ("1" -> 1, "true" -> true): a map of strings,
+# unlike a free-form object, lets CEL look its keys up.
+SPECULATIVE_CONFIG_SCHEMA = {
+    "x-kubernetes-validations": [
+        cel(
+            " && ".join(f"!('{key}' in self)" for key in RESERVED_SPECULATIVE_KEYS),
+            "speculativeConfig must not set " + ", ".join(RESERVED_SPECULATIVE_KEYS) + ": the operator sets "
+            "them from spec.draft and spec.numSpeculativeTokens",
+        )
+    ],
+}
+
+
+# K per batch size, vLLM's num_speculative_tokens_per_batch_size as `eagle3 sweep` writes it.
+SpeculationScheduleRanges = Annotated[
+    list[Annotated[list[Annotated[int, Field(ge=0, le=1_000_000)]], Field(min_length=3, max_length=3)]],
+    Field(min_length=1, max_length=64),
+]
+SPECULATION_SCHEDULE_SCHEMA = {
+    "x-kubernetes-validations": [
+        cel(
+            "self.all(r, r[0] >= 1 && r[0] <= r[1])",
+            "each speculationSchedule range is [first batch size, last batch size, K] with 1 <= first <= last",
+        ),
+        cel("self[0][0] == 1", "the first speculationSchedule range must start at batch size 1"),
+    ]
+}
+
+
+class AppliedSpeculation(ApiModel):
+    """numSpeculativeTokens as the pods serve it."""
+
+    mode: Literal["Static", "Schedule", "ScheduleAtExpectedConcurrency", "NoSchedule"] = Field(
+        description="Static: the spec's K. Schedule: vLLM's per-batch-size schedule. "
+        "ScheduleAtExpectedConcurrency: the schedule's K at expectedConcurrency. NoSchedule: auto, "
+        "but the draft has no sweep schedule, so the default K is served."
+    )
+    num_speculative_tokens: int = Field(
+        description="vLLM num_speculative_tokens (the largest K of a schedule)."
+    )
+    schedule: list[list[int]] | None = Field(
+        None, description="num_speculative_tokens_per_batch_size, when the schedule is served by vLLM."
+    )
+    message: str = Field(description="Where the K came from.")
+
+
 class DraftSource(ApiModel):
     """The draft: a model id/path, or the exported draft of a DraftTraining (exactly one)."""
 
@@ -53,6 +118,13 @@ class DraftSource(ApiModel):
         None,
         description="Mean acceptance length the draft reached when it was evaluated, for a draft.model "
         "(a DraftTraining's export carries its own); liveAcceptance.degradedRatio compares against it.",
+    )
+    speculation_schedule: SpeculationScheduleRanges | None = Field(
+        None,
+        description="The draft's K per batch size, [first batch size, last batch size, K] ranges as "
+        "`eagle3 sweep` measured them (speculation_schedule in its eagle3-export.json), for a draft.model "
+        "with numSpeculativeTokens: auto (a DraftTraining's export carries its own).",
+        json_schema_extra=SPECULATION_SCHEDULE_SCHEMA,
     )
 
 
@@ -206,8 +278,27 @@ class SpecDecodeDeploymentSpec(ApiModel):
 
     target: TargetSpec = Field(description="The target model and its vLLM pods.")
     draft: DraftSource = Field(description="The EAGLE-3 draft.")
-    num_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
-        3, description="Tokens the draft proposes per step (vLLM num_speculative_tokens)."
+    num_speculative_tokens: NumSpeculativeTokens = Field(
+        3,
+        description="Tokens the draft proposes per step (vLLM num_speculative_tokens), or auto: the draft's "
+        "sweep schedule (K per batch size, K = 0 off), served through vLLM's "
+        "num_speculative_tokens_per_batch_size, or as the schedule's K at expectedConcurrency.",
+        json_schema_extra=NUM_SPECULATIVE_TOKENS_SCHEMA,
+    )
+    expected_concurrency: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None,
+        description="With numSpeculativeTokens: auto, serve the schedule's K at this many concurrent "
+        "requests as a static K instead of vLLM's per-batch-size schedule (for vLLM builds without it, "
+        "or data-parallel serving, which turns it off).",
+    )
+    speculative_config: StringMap = Field(
+        default_factory=dict,
+        description='More keys of vLLM\'s --speculative-config (e.g. draft_tensor_parallel_size: "1"), '
+        'merged into what the operator sets; each value is read as JSON where it parses ("1" is a '
+        'number, "true" a boolean, "[1, 2]" a list), else passed as a string. method, model, revision, '
+        "num_speculative_tokens and num_speculative_tokens_per_batch_size come from spec.draft and "
+        "spec.numSpeculativeTokens.",
+        json_schema_extra=SPECULATIVE_CONFIG_SCHEMA,
     )
     replicas: Annotated[int, Field(ge=0, le=1000)] = Field(
         1, description="vLLM pods; the scale subresource (HPA, KEDA, kubectl scale) sets this."
@@ -265,6 +356,9 @@ class ResolvedDraft(ApiModel):
     )
     digest: str | None = Field(
         None, description="Content digest of the exported draft, when its DraftTraining's export records one."
+    )
+    speculation_schedule: list[list[int]] | None = Field(
+        None, description="The draft's sweep schedule ([first batch size, last batch size, K]), when known."
     )
 
 
@@ -337,6 +431,9 @@ class SpecDecodeDeploymentStatus(ApiModel):
     rejected_drafts: list[RejectedDraft] = Field(
         default_factory=list,
         description="Drafts refused by verification or rolled back by the canary analysis, newest last.",
+    )
+    speculation: AppliedSpeculation | None = Field(
+        None, description="How many tokens the draft proposes, as served (numSpeculativeTokens applied)."
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,6 +27,7 @@ from eagle3_operator.reconcile.pods import (
     vllm_args,
     vllm_pod_spec,
 )
+from eagle3_operator.reconcile.speculation import applied_speculation, speculative_config
 from eagle3_operator.reconcile.stuck import (
     REFUSAL_RETRY_S,
     Problem,
@@ -102,6 +102,7 @@ def _export_record(name: str, training: dict[str, Any]) -> dict[str, Any]:
         },
         "acceptanceLength": (status.get("bestCheckpoint") or {}).get("acceptanceLength"),
         "digest": export.get("digest"),
+        "speculationSchedule": (status.get("sweep") or {}).get("schedule"),
     }
     record["draftTraining"] = {k: v for k, v in record["draftTraining"].items() if v is not None}
     return {k: v for k, v in record.items() if v is not None}
@@ -133,6 +134,8 @@ def resolve_draft(
         record: dict[str, Any] = {"uri": draft.model, "source": "spec.draft.model"}
         if draft.acceptance_length is not None:
             record["acceptanceLength"] = draft.acceptance_length
+        if draft.speculation_schedule:
+            record["speculationSchedule"] = draft.speculation_schedule
         return DraftResolution(True, "FromSpec", f"draft {draft.model}", record)
     name = draft.from_draft_training
     source = f"DraftTraining/{name}"
@@ -171,13 +174,6 @@ def int_or_percent(value: str) -> int | str:
     return value if value.endswith("%") else int(value)
 
 
-def speculative_config(model: str, num_tokens: int, revision: str | None) -> str:
-    config: dict[str, Any] = {"method": "eagle3", "model": model, "num_speculative_tokens": num_tokens}
-    if revision:
-        config["revision"] = revision
-    return json.dumps(config, separators=(",", ":"))
-
-
 class ServingPlanner:
     def __init__(self, body: dict[str, Any], observed: ServingObserved):
         self.body = body
@@ -187,6 +183,7 @@ class ServingPlanner:
         self.observed = observed
         self.labels = meta.labels(self.name, "server", meta.SPEC_DECODE_LABEL)
         self.selector = meta.selector_labels(self.name, "server", meta.SPEC_DECODE_LABEL)
+        self.speculation: dict[str, Any] | None = None  # status.speculation, set with the draft's config
 
     def deployment(self, draft: dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
         """The vLLM Deployment serving `draft` (a resolvedDraft record; None: the target alone)."""
@@ -203,8 +200,11 @@ class ServingPlanner:
         draft_path = None
         if draft:
             draft_path = model_location(draft["uri"], "draft", mounts)
-            config = speculative_config(draft_path, spec.num_speculative_tokens, spec.draft.revision)
-            args += ["--speculative-config", config]
+            self.speculation = applied_speculation(spec, draft.get("speculationSchedule"))
+            args += [
+                "--speculative-config",
+                speculative_config(draft_path, spec.draft.revision, spec, self.speculation),
+            ]
             if "draftTraining" in draft:
                 export_id = draft.get("digest") or draft["draftTraining"].get("uid", "")
                 template_metadata["annotations"] = {DRAFT_EXPORT_ANNOTATION: export_id}
@@ -341,6 +341,8 @@ class ServingPlanner:
             status["resolvedDraft"] = {"model": draft_path, **draft.draft}
         else:
             status.pop("resolvedDraft", None)
+        status.pop("speculation", None)
+        status |= {"speculation": self.speculation} if self.speculation else {}
         conditions = list(status.get("conditions") or [])
         gen = self.body["metadata"].get("generation")
         verification.apply_gate(checked, status, conditions, gen, now)

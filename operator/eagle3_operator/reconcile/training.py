@@ -70,6 +70,7 @@ STAGE_CONDITIONS = {
     "train": "Trained",
     "evaluate": "Evaluated",
     "select": "Selected",
+    "sweep": "Swept",
     "export": "Exported",
     "quantize": "Quantized",
 }
@@ -429,7 +430,7 @@ class TrainingPlanner:
             self.dt, stage, PodLocations(mounts, self.dt), server=self.server_url(server) if server else None
         )
         name = job_name(self.dt, stage, attempt)
-        if stage == "extract":
+        if stage in ("extract", "sweep"):  # both serve the target themselves
             return [self.stage_job(name, argv, mounts, gpus=spec.target.gpus)]
         if stage == "train":
             training = spec.training
@@ -527,6 +528,9 @@ class TrainingPlanner:
         if stage == "select":
             best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
             updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
+        if stage == "sweep":
+            updates["sweep"] = _sweep_result(metrics)
+            metrics = {"num_speculative_tokens": metrics["num_speculative_tokens"]}
         if stage == stage_plan.stages(self.dt)[-1]:
             claim, destination = stage_plan.export_destination(self.dt)
             # The stage published the draft under its digest, beside earlier exports (never over them).
@@ -819,6 +823,15 @@ def _checkpoint_evaluation(m: dict[str, Any]) -> dict[str, Any]:
         "speedup": m.get("speedup"),
     }
     return {k: v for k, v in evaluation.items() if v is not None}
+
+
+def _sweep_result(m: dict[str, Any]) -> dict[str, Any]:
+    """status.sweep from `eagle3 sweep`'s result metrics."""
+    best = [
+        {"concurrency": c, "numSpeculativeTokens": k, "speedup": speedup}
+        for c, k, speedup in zip(m["best_concurrency"], m["best_k"], m["best_speedup"], strict=True)
+    ]
+    return {"schedule": m["schedule"], "numSpeculativeTokens": m["num_speculative_tokens"], "best": best}
 
 
 def _brief(metrics: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from eagle3_operator.reconcile.pods import (
     vllm_env,
     vllm_model_args,
 )
+from eagle3_operator.reconcile.speculation import applied_speculation
 from eagle3_operator.reconcile.training import PodLocations
 from eagle3_runtime.stage_plan import _source_arg
 
@@ -63,7 +64,8 @@ def verify_job(
         "--target", model_location(target.model, "target", mounts),
         "--draft", model_location(draft["uri"], "draft", mounts),
         "--num-prompts", str(check.num_prompts), "--max-tokens", str(check.max_tokens),
-        "--num-speculative-tokens", str(spec.num_speculative_tokens),
+        # The K the pods will serve (with auto, the schedule's largest: the most drafted per step).
+        "--num-speculative-tokens", str(applied_speculation(spec, draft.get("speculationSchedule"))["numSpeculativeTokens"]),
         "--max-flips", str(check.max_flips), "--flip-tolerance", format(check.flip_tolerance, "g"),
         "--min-acceptance-length", format(check.min_acceptance_length, "g"),
     ]  # fmt: skip
