@@ -102,17 +102,6 @@ class CanaryGates(ApiModel):
 class CanarySpec(ApiModel):
     """A new draft first serves from a few pods beside the stable ones, and is judged on live counters."""
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                cel(
-                    "(has(self.analysisSeconds) ? self.analysisSeconds : 300) >= 20",
-                    "rollout.canary.analysisSeconds must be at least 20",
-                )
-            ]
-        }
-    }
-
     replicas: Annotated[int, Field(ge=1, le=1000)] = Field(
         1,
         description="Pods taken from the stable track to serve the new draft (stable runs replicas - this): "
