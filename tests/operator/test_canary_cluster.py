@@ -9,11 +9,11 @@ from tests.operator.harness import spec_decode_path
 from tests.support.cluster import ApiError, LocalCluster
 
 
-def _canary(name: str, replicas: int | None, **canary) -> dict:
+def _canary(name: str, sdd_replicas: int | None, **canary) -> dict:
     body = fakes.spec_decode(rollout={"strategy": "Canary", "canary": canary})
     body["metadata"] = {"name": name}
-    if replicas is not None:
-        body["spec"]["replicas"] = replicas
+    if sdd_replicas is not None:
+        body["spec"]["replicas"] = sdd_replicas
     return body
 
 

@@ -342,9 +342,8 @@ class ServingPlanner:
         set_condition(conditions, "DraftResolved", draft.resolved, draft.reason, draft.message, gen, now)
         # A canary already under way (or rolled back) for this draft was announced when it started.
         announced = (old.get("canary") or {}).get("draft")
-        plan.events += self._draft_events(
-            draft, previous, draft.draft if same_export(announced, draft.draft) else served
-        )
+        acknowledged = announced is not None and same_export(announced, draft.draft)
+        plan.events += self._draft_events(draft, previous, draft.draft if acknowledged else served)
         self._record_rollout(rollout, status, conditions, plan)
         self._live_acceptance(status, conditions, rollout.stable_draft, deployment, plan)
         available, reason, message = self._availability(ready)
