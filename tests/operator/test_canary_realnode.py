@@ -27,11 +27,12 @@ import pytest
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.monitoring.constant_draft import build_constant_draft, greedy_outputs
 from tests.operator.harness import condition, events_of, spec_decode_path
+from tests.operator.test_serving_realnode import SPEC_TOKENS
+from tests.operator.test_serving_realnode import manifest as serving_manifest
 from tests.support import realnode
 from tests.support.cluster import wait_until
 
 SDD = "canary"
-SPEC_TOKENS = 3
 MAX_TOKENS = 32
 INTERVAL_S = 5
 ANALYSIS_S = 30
@@ -76,45 +77,26 @@ def accepted_length(outputs: list[list[int]], token: int, k: int = SPEC_TOKENS) 
 
 
 def manifest(namespace: str) -> dict:
-    return {
-        "apiVersion": "eagle3.ai/v1alpha1",
-        "kind": "SpecDecodeDeployment",
-        "metadata": {"name": SDD, "namespace": namespace},
-        "spec": {
-            "replicas": 2,
-            "target": {
-                "model": "pvc://target/target",
-                "imagePullPolicy": "Never",
-                "maxModelLen": 1024,
-                "extraArgs": ["--dtype", "bfloat16", "--enforce-eager"],  # no torch.compile at start-up
-                "env": [
-                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-                    {"name": "HF_HUB_OFFLINE", "value": "1"},
-                ],
-                "resources": {"requests": {"cpu": "100m", "memory": "1Gi"}},
-                "shmSize": "1Gi",
-            },
-            "draft": {"model": "pvc://drafts/stable"},
-            "numSpeculativeTokens": SPEC_TOKENS,
-            "scheduling": {
-                "nodeSelector": realnode.REAL_NODE_SELECTOR,
-                "tolerations": realnode.REAL_NODE_TOLERATIONS,
-            },
-            "monitoring": {"serviceMonitor": False},
-            "liveAcceptance": {"intervalSeconds": INTERVAL_S, "windowSeconds": ANALYSIS_S, "minDrafts": 20},
-            "rollout": {
-                "strategy": "Canary",
-                "maxSurge": "1",
-                "canary": {
-                    "replicas": 1,
-                    "analysisSeconds": ANALYSIS_S,
-                    "minDrafts": 30,
-                    # Two vLLM pods on 2 shared cores: latency differs by neighbours more than by draft.
-                    "gates": {"minAcceptanceRatio": 0.8, "maxLatencyRatio": 4},
-                },
-            },
+    """The live-acceptance test's SpecDecodeDeployment, with two replicas and a canary rollout."""
+    body = serving_manifest(namespace)
+    body["metadata"]["name"] = SDD
+    spec = body["spec"]
+    spec["replicas"] = 2
+    spec["draft"] = {"model": "pvc://drafts/stable"}
+    spec["target"]["resources"]["requests"]["memory"] = "1Gi"  # three vLLM pods at a time on the node
+    spec["liveAcceptance"] = {"intervalSeconds": INTERVAL_S, "windowSeconds": ANALYSIS_S, "minDrafts": 20}
+    spec["rollout"] = {
+        "strategy": "Canary",
+        "maxSurge": "1",
+        "canary": {
+            "replicas": 1,
+            "analysisSeconds": ANALYSIS_S,
+            "minDrafts": 30,
+            # Two vLLM pods on 2 shared cores: latency differs by neighbours more than by draft.
+            "gates": {"minAcceptanceRatio": 0.8, "maxLatencyRatio": 4},
         },
     }
+    return body
 
 
 @pytest.mark.slow
