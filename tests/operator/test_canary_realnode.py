@@ -100,6 +100,7 @@ def manifest(namespace: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3000)  # four vLLM start-ups one after another: about 30 min at load average 25
 def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_request(
     cluster, real_node_namespace, start_operator, tmp_path
 ):
