@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eagle3_operator import API_VERSION, metrics
-from eagle3_operator.api.spec_decode_deployment import LiveAcceptanceSpec
+from eagle3_operator.api.spec_decode_deployment import LiveAcceptanceSpec, RolloutSpec
 from eagle3_operator.apply import apply_children, key, write_status
 from eagle3_operator.cache import CHANGED, PROGRESS, UNCHANGED, Store
 from eagle3_operator.kube import ApiError, Conflict, Kube, NamespaceTerminating, NotLeader
 from eagle3_operator.reconcile import meta, verification
+from eagle3_operator.reconcile.canary import CANARY_SUFFIX
 from eagle3_operator.reconcile.live_acceptance import (
     COUNTERS,
     REVISION_ANNOTATION,
@@ -305,11 +306,13 @@ class Reconciler:
             verify_pods = [p for p in owned["Pod"] if _component(p) == verification.COMPONENT]
             source = (body["spec"].get("draft") or {}).get("fromDraftTraining")
             training = self.store.get(DT, namespace, source) if source else None
-            deployment = next((d for d in owned["Deployment"] if d["metadata"]["name"] == name), None)
+            deployments = {d["metadata"]["name"]: d for d in owned["Deployment"]}
+            deployment = deployments.get(name)
             now = datetime.now(UTC)
             observed = ServingObserved(
                 now=now,
                 deployment=deployment,
+                canary_deployment=deployments.get(name + CANARY_SUFFIX),
                 draft_training=training,
                 monitor_kinds=kinds,
                 pods=[p for p in owned["Pod"] if _component(p) != verification.COMPONENT],
@@ -389,7 +392,12 @@ class Reconciler:
                     annotations = serving[pod]["metadata"]["annotations"]
                     draft = annotations.get(DRAFT_EXPORT_ANNOTATION)
                     history.add(pod, PodRead(now, annotations[REVISION_ANNOTATION], draft, counters))
-        history.prune(now, live.window_seconds, set(serving))
+        # The canary's analysis may look further back than the live window.
+        rollout = RolloutSpec.model_validate((body.get("spec") or {}).get("rollout") or {})
+        window_s = live.window_seconds
+        if rollout.strategy == "Canary":
+            window_s = max(window_s, rollout.canary.analysis_seconds)
+        history.prune(now, window_s, set(serving))
         return history
 
 

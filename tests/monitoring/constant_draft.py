@@ -23,20 +23,26 @@ from eagle3_runtime.model.vocab import DraftVocab
 DRAFT_VOCAB_SIZE = 32
 
 
-def most_frequent_output_token(target: Path, prompts: list[str], max_new_tokens: int) -> int:
-    """The token the target generates most often (greedy) after these prompts."""
+def greedy_outputs(target: Path, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """The token ids the target generates (greedy) after each prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    counts: Counter[int] = Counter()
+    outputs = []
     with torch.no_grad():
         for prompt in prompts:
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             out = model.generate(
                 ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
             )
-            counts.update(out[0, ids.shape[1] :].tolist())
+            outputs.append(out[0, ids.shape[1] :].tolist())
+    return outputs
+
+
+def most_frequent_output_token(target: Path, prompts: list[str], max_new_tokens: int) -> int:
+    """The token the target generates most often (greedy) after these prompts."""
+    counts = Counter(token for output in greedy_outputs(target, prompts, max_new_tokens) for token in output)
     return counts.most_common(1)[0][0]
 
 

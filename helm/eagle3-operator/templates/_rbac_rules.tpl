@@ -22,10 +22,10 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
 # Target and serving Deployments and Services (server-side apply creates and patches); watched,
-# like the workspace PVCs, to keep the reconciles' cache.
+# like the workspace PVCs, to keep the reconciles' cache. A promoted canary's Deployment is deleted.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]

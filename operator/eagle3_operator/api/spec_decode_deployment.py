@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from eagle3_operator.api.base import ApiModel, DnsName, StringMap, cel, section
+from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, StringMap, cel, section
 from eagle3_operator.api.common import (
     CONDITIONS_FIELD,
     Condition,
@@ -153,9 +153,59 @@ class MonitoringSpec(ApiModel):
 IntOrPercent = Annotated[str, Field(max_length=8, pattern=r"^[0-9]+%?$")]
 
 
+class CanaryGates(ApiModel):
+    """What the canary must measure against the stable track over its analysis window."""
+
+    min_acceptance_ratio: Annotated[float, Field(gt=0, le=2)] = Field(
+        0.9,
+        description="Rolled back when canary / stable mean acceptance length is below this (early, once the "
+        "95% upper confidence bound of the ratio is below it).",
+    )
+    max_latency_ratio: Annotated[float, Field(ge=1, le=100)] = Field(
+        1.25,
+        description="Rolled back when canary / stable mean inter-token latency (vLLM's "
+        "inter_token_latency_seconds) is above this.",
+    )
+    max_error_rate: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.01,
+        description="Rolled back when the canary's share of 5xx responses (vLLM's http_requests_total) is "
+        "above this.",
+    )
+
+
+class CanarySpec(ApiModel):
+    """A new draft first serves from a few pods beside the stable ones, and is judged on live counters."""
+
+    replicas: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1,
+        description="Pods taken from the stable track to serve the new draft (stable runs replicas - this): "
+        "no spare GPU is needed.",
+    )
+    analysis_seconds: Annotated[int, Field(ge=20, le=86_400)] = Field(
+        300,
+        description="The window the canary is judged over; promotion waits for a full one (rollback may "
+        "come earlier).",
+    )
+    min_drafts: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        200, description="Drafts each track needs in the window before anything is decided."
+    )
+    gates: CanaryGates = section(CanaryGates, "What the canary must measure against the stable track.")
+    promotion: Literal["Auto", "Manual"] = Field(
+        "Auto",
+        description="Auto: promote once the gates hold over a full window. Manual: then wait for the "
+        "annotation eagle3.ai/promote-canary set to status.canary.revision (a failed gate still rolls back).",
+    )
+
+
 class RolloutSpec(ApiModel):
     """How a new pod template (a new draft, a changed spec) replaces the running vLLM pods."""
 
+    strategy: Literal["RollingUpdate", "Canary"] = Field(
+        "RollingUpdate",
+        description="RollingUpdate: a new draft replaces the pods at once. Canary: a new draft first serves "
+        "from rollout.canary.replicas pods and is promoted or rolled back on its live counters.",
+    )
+    canary: CanarySpec = section(CanarySpec, "The canary analysis (strategy Canary).")
     max_surge: IntOrPercent = Field(
         "25%",
         description="Pods above replicas during a rollout (a count or a percentage; 0 needs no spare GPU).",
@@ -276,6 +326,22 @@ class VerificationStatus(ApiModel):
 class SpecDecodeDeploymentSpec(ApiModel):
     """A vLLM Deployment that serves the target with speculative decoding by an EAGLE-3 draft."""
 
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.rollout) || !has(self.rollout.strategy) || self.rollout.strategy != 'Canary'"
+                    " || (has(self.replicas) ? self.replicas : 1)"
+                    " > (has(self.rollout.canary) && has(self.rollout.canary.replicas)"
+                    " ? self.rollout.canary.replicas : 1)",
+                    "rollout.strategy Canary needs replicas above rollout.canary.replicas (the canary takes "
+                    "its pods from the stable ones)",
+                    field_path=".replicas",
+                )
+            ]
+        }
+    }
+
     target: TargetSpec = Field(description="The target model and its vLLM pods.")
     draft: DraftSource = Field(description="The EAGLE-3 draft.")
     num_speculative_tokens: NumSpeculativeTokens = Field(
@@ -311,7 +377,9 @@ class SpecDecodeDeploymentSpec(ApiModel):
     pod_security: PodSecuritySpec = section(PodSecuritySpec, "Security settings of the pods.")
     image_pull_secrets: ImagePullSecrets = image_pull_secrets_field()
     monitoring: MonitoringSpec = section(MonitoringSpec, "ServiceMonitor / PodMonitor toggles.")
-    rollout: RolloutSpec = section(RolloutSpec, "Rolling update and start-up budget of the vLLM pods.")
+    rollout: RolloutSpec = section(
+        RolloutSpec, "Rolling update or canary, and start-up budget of the vLLM pods."
+    )
     disruption_budget: DisruptionBudgetSpec = section(
         DisruptionBudgetSpec, "PodDisruptionBudget of the vLLM pods."
     )
@@ -400,6 +468,46 @@ class RejectedDraft(ApiModel):
     rejected_at: str = Field(description="When (RFC 3339).")
 
 
+class TrackFigures(ApiModel):
+    """What one track measured over the canary's analysis window."""
+
+    revision: str = Field(description="The track's pod-template revision.")
+    pods: int = Field(description="Pods whose counters were read.")
+    drafts: int = Field(description="Drafts proposed in the window.")
+    mean_acceptance_length: float | None = Field(None, description="1 + accepted / drafts.")
+    inter_token_latency_seconds: float | None = Field(
+        None, description="Mean inter-token latency (vLLM's histogram sum / count)."
+    )
+    requests: int = Field(description="HTTP API requests answered.")
+    errors: int = Field(description="Of those, 5xx responses.")
+    window_seconds: float = Field(description="Seconds of reads the figures span.")
+
+
+class CanaryStatus(ApiModel):
+    """The latest canary: the draft it serves, where its analysis stands, and how it ended."""
+
+    phase: Literal["Analyzing", "Promoting", "Promoted", "RolledBack"] = Field(
+        description="Analyzing: canary and stable serve side by side; Promoting: the stable track moves to "
+        "the draft; Promoted or RolledBack: done."
+    )
+    draft: dict[str, Any] = Field(
+        description="The canary's draft, as status.resolvedDraft records one.",
+        json_schema_extra=FREE_FORM_OBJECT,
+    )
+    draft_spec: str = Field(
+        description="Hash of spec.draft when it started (a rolled-back draft waits for a change)."
+    )
+    revision: str | None = Field(
+        None, description="The canary's pod-template revision (what Manual promotion names)."
+    )
+    started_at: str = Field(description="When the canary started (RFC 3339).")
+    decided_at: str | None = Field(None, description="When it was promoted or rolled back.")
+    reason: str = Field(description="CamelCase reason of the latest verdict.")
+    message: str = Field(description="The latest verdict with the measured numbers.")
+    canary: TrackFigures | None = Field(None, description="The canary track's figures.")
+    stable: TrackFigures | None = Field(None, description="The stable track's figures over the same window.")
+
+
 class SpecDecodeDeploymentStatus(ApiModel):
     """Observed state of the service."""
 
@@ -409,7 +517,8 @@ class SpecDecodeDeploymentStatus(ApiModel):
     selector: str | None = Field(None, description="Label selector of the pods (scale subresource).")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Available, Progressing, DraftResolved, DraftDegraded and DraftVerified.",
+        description="Available, Progressing, DraftResolved, DraftDegraded, DraftVerified, and with a canary "
+        "CanaryProgressing, Promoted and RolledBack.",
         json_schema_extra=CONDITIONS_FIELD,
     )
     resolved_draft: ResolvedDraft | None = Field(
@@ -434,6 +543,9 @@ class SpecDecodeDeploymentStatus(ApiModel):
     )
     speculation: AppliedSpeculation | None = Field(
         None, description="How many tokens the draft proposes, as served (numSpeculativeTokens applied)."
+    )
+    canary: CanaryStatus | None = Field(
+        None, description="The latest canary rollout (spec.rollout.strategy Canary)."
     )
 
 

@@ -21,7 +21,12 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATED = "vllm:generation_tokens_total"
-COUNTERS = (DRAFTS, ACCEPTED, ACCEPTED_PER_POS, GENERATED)
+# For the canary's gates: mean inter-token latency (histogram sum / count) and the API server's
+# responses by status class ("2xx", "5xx"; prometheus-fastapi-instrumentator, which vLLM mounts).
+ITL_SUM = "vllm:inter_token_latency_seconds_sum"
+ITL_COUNT = "vllm:inter_token_latency_seconds_count"
+HTTP_REQUESTS = "http_requests_total"
+COUNTERS = (DRAFTS, ACCEPTED, ACCEPTED_PER_POS, GENERATED, ITL_SUM, ITL_COUNT, HTTP_REQUESTS)
 # On the vLLM pod template: the template's own content hash, so each pod tells which revision it runs.
 REVISION_ANNOTATION = "eagle3.ai/revision"
 
@@ -34,6 +39,10 @@ class PodCounters:
     accepted: float = 0.0
     generated: float = 0.0
     accepted_per_position: tuple[float, ...] = ()
+    itl_sum: float = 0.0
+    itl_count: float = 0.0
+    requests: float = 0.0  # OpenAI API responses
+    errors: float = 0.0  # of those, 5xx
 
     def minus(self, earlier: PodCounters) -> PodCounters:
         """The increase since `earlier`; everything since start when a counter went down (a restart)."""
@@ -41,6 +50,7 @@ class PodCounters:
             self.drafts < earlier.drafts
             or self.accepted < earlier.accepted
             or self.generated < earlier.generated
+            or self.requests < earlier.requests
         ):
             return self
         before = earlier.accepted_per_position + (0.0,) * (
@@ -51,21 +61,62 @@ class PodCounters:
             self.accepted - earlier.accepted,
             self.generated - earlier.generated,
             tuple(max(0.0, a - b) for a, b in zip(self.accepted_per_position, before, strict=False)),
+            max(0.0, self.itl_sum - earlier.itl_sum),
+            max(0.0, self.itl_count - earlier.itl_count),
+            self.requests - earlier.requests,
+            max(0.0, self.errors - earlier.errors),
+        )
+
+    def plus(self, other: PodCounters) -> PodCounters:
+        """Two pods' deltas together."""
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+
+        def padded(values: tuple[float, ...]) -> tuple[float, ...]:
+            return values + (0.0,) * (width - len(values))
+
+        return PodCounters(
+            self.drafts + other.drafts,
+            self.accepted + other.accepted,
+            self.generated + other.generated,
+            tuple(
+                a + b
+                for a, b in zip(
+                    padded(self.accepted_per_position), padded(other.accepted_per_position), strict=True
+                )
+            ),
+            self.itl_sum + other.itl_sum,
+            self.itl_count + other.itl_count,
+            self.requests + other.requests,
+            self.errors + other.errors,
         )
 
 
 def counters_from_samples(samples: list[tuple[str, dict[str, str], float]]) -> PodCounters:
     """(metric name, labels, value) samples of one pod -> its counters."""
-    totals = {DRAFTS: 0.0, ACCEPTED: 0.0, GENERATED: 0.0}
+    totals = {DRAFTS: 0.0, ACCEPTED: 0.0, GENERATED: 0.0, ITL_SUM: 0.0, ITL_COUNT: 0.0}
     per_position: dict[int, float] = {}
+    requests = errors = 0.0
     for name, labels, value in samples:
         if name == ACCEPTED_PER_POS:
             position = int(labels.get("position", "0"))
             per_position[position] = per_position.get(position, 0.0) + value
+        elif name == HTTP_REQUESTS:
+            if labels.get("handler", "").startswith("/v1/"):
+                requests += value
+                errors += value if labels.get("status", "").startswith("5") else 0.0
         elif name in totals:
             totals[name] += value
     positions = tuple(per_position.get(i, 0.0) for i in range(max(per_position) + 1)) if per_position else ()
-    return PodCounters(totals[DRAFTS], totals[ACCEPTED], totals[GENERATED], positions)
+    return PodCounters(
+        totals[DRAFTS],
+        totals[ACCEPTED],
+        totals[GENERATED],
+        positions,
+        totals[ITL_SUM],
+        totals[ITL_COUNT],
+        requests,
+        errors,
+    )
 
 
 def parse_metrics(text: str) -> PodCounters:
@@ -113,8 +164,29 @@ class History:
         return max((reads[-1].at for reads in self.reads.values() if reads), default=None)
 
 
-def revision_figures(history: History, window_s: float, now: datetime) -> list[dict[str, Any]]:
-    """status.liveAcceptance entries: per revision, the counter deltas of its pods over the window.
+@dataclass(frozen=True)
+class RevisionDeltas:
+    """The counter deltas of one revision's pods over a window."""
+
+    revision: str
+    draft: str | None
+    deltas: list[PodCounters]
+    first: datetime
+    last: datetime
+
+    @property
+    def seconds(self) -> float:
+        return (self.last - self.first).total_seconds()
+
+    def total(self) -> PodCounters:
+        total = PodCounters()
+        for delta in self.deltas:
+            total = total.plus(delta)
+        return total
+
+
+def revision_deltas(history: History, window_s: float, now: datetime) -> dict[str, RevisionDeltas]:
+    """Per revision, the counter deltas of its pods over the window.
 
     A pod's delta runs from its newest read at or before the window's start (or its first read, when
     it is younger) to its latest read; the revision's window spans the earliest and latest of those.
@@ -129,11 +201,23 @@ def revision_figures(history: History, window_s: float, now: datetime) -> list[d
         latest = reads[-1]
         if latest.at > base.at and latest.revision == base.revision:
             by_revision.setdefault(latest.revision, []).append((base, latest))
+    return {
+        revision: RevisionDeltas(
+            revision,
+            pairs[0][1].draft,
+            [latest.counters.minus(base.counters) for base, latest in pairs],
+            min(b.at for b, _ in pairs),
+            max(latest.at for _, latest in pairs),
+        )
+        for revision, pairs in by_revision.items()
+    }
+
+
+def revision_figures(history: History, window_s: float, now: datetime) -> list[dict[str, Any]]:
+    """status.liveAcceptance entries: per revision, the counter deltas of its pods over the window."""
     figures = []
-    for revision, pairs in by_revision.items():
-        deltas = [latest.counters.minus(base.counters) for base, latest in pairs]
-        first, last = min(b.at for b, _ in pairs), max(latest.at for _, latest in pairs)
-        seconds = (last - first).total_seconds()
+    for revision, found in revision_deltas(history, window_s, now).items():
+        deltas, first, last, seconds = found.deltas, found.first, found.last, found.seconds
         drafts = sum(d.drafts for d in deltas)
         accepted = sum(d.accepted for d in deltas)
         positions = max((len(d.accepted_per_position) for d in deltas), default=0)
@@ -143,8 +227,8 @@ def revision_figures(history: History, window_s: float, now: datetime) -> list[d
         ]
         entry: dict[str, Any] = {
             "revision": revision,
-            "draft": pairs[0][1].draft,
-            "pods": len(pairs),
+            "draft": found.draft,
+            "pods": len(deltas),
             "perPositionAcceptance": [round(p / drafts, 4) for p in per_position] if drafts else [],
             "generatedTokensPerSecond": round(sum(d.generated for d in deltas) / seconds, 3),
             "drafts": int(drafts),

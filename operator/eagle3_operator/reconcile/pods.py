@@ -17,6 +17,8 @@ RUNTIME_GROUP = 0
 TERMINATION_LOG = "/dev/termination-log"
 PROBE_PERIOD_S = 10
 STARTUP_PROBE_FAILURES = 180  # 30 minutes to download and load a large model
+# Seconds a leaving vLLM pod keeps serving while the Service's endpoints drop it.
+PRE_STOP_SLEEP_S = 10
 # A server Deployment whose pod is still within its startup probe's budget is slow, not stuck:
 # report ProgressDeadlineExceeded only after that budget (the Deployment default is 600 s).
 SERVER_PROGRESS_DEADLINE_S = PROBE_PERIOD_S * STARTUP_PROBE_FAILURES + 600
@@ -251,6 +253,9 @@ def vllm_container(
         "startupProbe": probe | {"failureThreshold": startup_failures},
         "readinessProbe": probe | {"failureThreshold": 6},
         "livenessProbe": probe | {"failureThreshold": 12},
+        # A pod leaving (a scale-down, a rollout, a canary's end) first leaves the Service's endpoints:
+        # kube-proxy stops sending it new connections before vLLM stops accepting them.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_S}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 

@@ -10,6 +10,14 @@ from typing import Any
 
 from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
 from eagle3_operator.reconcile import meta, verification
+from eagle3_operator.reconcile.canary import (
+    CANARY_SUFFIX,
+    TRACK_LABEL,
+    RolloutInputs,
+    RolloutPlan,
+    plan_rollout,
+    same_export,
+)
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
 from eagle3_operator.reconcile.live_acceptance import (
     REVISION_ANNOTATION,
@@ -49,6 +57,8 @@ DEFAULT_REQUESTS = {"cpu": "500m", "memory": "4Gi"}
 class ServingObserved:
     now: datetime
     deployment: dict[str, Any] | None = None
+    # The canary track's Deployment (<name>-canary), when there is one.
+    canary_deployment: dict[str, Any] | None = None
     # The DraftTraining named by spec.draft.fromDraftTraining, when it exists.
     draft_training: dict[str, Any] | None = None
     # Prometheus Operator kinds the cluster serves ("ServiceMonitor", "PodMonitor").
@@ -106,17 +116,6 @@ def _export_record(name: str, training: dict[str, Any]) -> dict[str, Any]:
     }
     record["draftTraining"] = {k: v for k, v in record["draftTraining"].items() if v is not None}
     return {k: v for k, v in record.items() if v is not None}
-
-
-def _export_identity(record: dict[str, Any]) -> tuple[Any, ...]:
-    return record.get("uri"), record.get("digest"), (record.get("draftTraining") or {}).get("uid")
-
-
-def same_export(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    """Whether two resolvedDraft records name the same artifact (not just the same DraftTraining)."""
-    if a is None or b is None:
-        return a is b
-    return _export_identity(a) == _export_identity(b)
 
 
 def resolve_draft(
@@ -185,9 +184,15 @@ class ServingPlanner:
         self.selector = meta.selector_labels(self.name, "server", meta.SPEC_DECODE_LABEL)
         self.speculation: dict[str, Any] | None = None  # status.speculation, set with the draft's config
 
-    def deployment(self, draft: dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
-        """The vLLM Deployment serving `draft` (a resolvedDraft record; None: the target alone)."""
+    def deployment(
+        self, draft: dict[str, Any] | None, replicas: int, track: str = "stable"
+    ) -> tuple[dict[str, Any], str | None]:
+        """The vLLM Deployment of a track serving `draft` (a resolvedDraft record; None: the target
+        alone). Both tracks' pods match the Service's selector; the canary's own selector adds its
+        track label (the stable Deployment's selector predates tracks and is immutable)."""
         spec = self.sdd.spec
+        name = self.name + (CANARY_SUFFIX if track == "canary" else "")
+        selector = self.selector | ({TRACK_LABEL: track} if track == "canary" else {})
         target = spec.target
         requests = DEFAULT_REQUESTS | dict(target.resources.requests)
         target = target.model_copy(
@@ -196,7 +201,7 @@ class ServingPlanner:
         mounts = Mounts()
         model = model_location(target.model, "target", mounts)
         args = vllm_args(target, model, spec.served_model_name or target.model)
-        template_metadata: dict[str, Any] = {"labels": self.labels}
+        template_metadata: dict[str, Any] = {"labels": self.labels | {TRACK_LABEL: track}}
         draft_path = None
         if draft:
             draft_path = model_location(draft["uri"], "draft", mounts)
@@ -216,15 +221,15 @@ class ServingPlanner:
         template_metadata["annotations"] = template_metadata.get("annotations", {}) | {
             REVISION_ANNOTATION: revision
         }
-        metadata = meta.object_meta(self.body, self.name, self.labels)
+        metadata = meta.object_meta(self.body, name, self.labels)
         metadata["annotations"] = {meta.TEMPLATE_HASH_ANNOTATION: revision}
         deployment = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": metadata,
             "spec": {
-                "replicas": spec.replicas,
-                "selector": {"matchLabels": self.selector},
+                "replicas": replicas,
+                "selector": {"matchLabels": selector},
                 "strategy": {
                     "type": "RollingUpdate",
                     "rollingUpdate": {
@@ -317,7 +322,9 @@ class ServingPlanner:
         )
         draft = dataclasses.replace(draft, draft=checked.serve)
         plan.create += checked.jobs
-        deployment, draft_path = self.deployment(draft.draft)
+        # Then it rolls out: at once, or first to a canary track (spec.rollout).
+        rollout = self._rollout(draft.draft, served, old.get("canary"))
+        deployment, draft_path = self.deployment(rollout.stable_draft, rollout.stable_replicas)
         svc_meta = meta.object_meta(self.body, self.name, self.labels)
         if spec.service.annotations:
             svc_meta["annotations"] = dict(spec.service.annotations)
@@ -327,18 +334,24 @@ class ServingPlanner:
             *self.disruption_budget(),
             *self.monitors(),
         ]
+        if rollout.canary_draft is not None:
+            plan.sync.append(self.deployment(rollout.canary_draft, rollout.canary_replicas, "canary")[0])
+        if rollout.delete_canary:
+            plan.delete.append(
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": self.name + CANARY_SUFFIX}
+            )
         status = copy.deepcopy(old)
-        observed_status = (self.observed.deployment or {}).get("status") or {}
-        ready = observed_status.get("readyReplicas") or 0
+        tracks = [d for d in (self.observed.deployment, self.observed.canary_deployment) if d]
+        ready = sum((d.get("status") or {}).get("readyReplicas") or 0 for d in tracks)
         status |= {
             "observedGeneration": self.body["metadata"].get("generation"),
-            "replicas": observed_status.get("replicas") or 0,
+            "replicas": sum((d.get("status") or {}).get("replicas") or 0 for d in tracks),
             "readyReplicas": ready,
             "selector": ",".join(f"{k}={v}" for k, v in sorted(self.selector.items())),
             "endpoint": f"http://{self.name}.{self.namespace}.svc:{spec.service.port}/v1",
         }
-        if draft.draft:
-            status["resolvedDraft"] = {"model": draft_path, **draft.draft}
+        if rollout.stable_draft:
+            status["resolvedDraft"] = {"model": draft_path, **rollout.stable_draft}
         else:
             status.pop("resolvedDraft", None)
         status.pop("speculation", None)
@@ -349,10 +362,16 @@ class ServingPlanner:
         plan.events += checked.events
         previous = get_condition(conditions, "DraftResolved")
         set_condition(conditions, "DraftResolved", draft.resolved, draft.reason, draft.message, gen, now)
-        plan.events += self._draft_events(draft, previous, served)
-        self._live_acceptance(status, conditions, draft.draft, deployment, plan)
+        # A canary already under way (or rolled back) for this draft was announced when it started.
+        announced = (old.get("canary") or {}).get("draft")
+        acknowledged = announced is not None and same_export(announced, draft.draft)
+        plan.events += self._draft_events(draft, previous, draft.draft if acknowledged else served)
+        self._record_rollout(rollout, status, conditions, plan)
+        self._live_acceptance(status, conditions, rollout.stable_draft, deployment, plan)
         available, reason, message = self._availability(ready)
-        progressing, progress_reason, progress_message = self._progressing(deployment)
+        progressing, progress_reason, progress_message = self._progressing(
+            deployment, rollout.stable_replicas
+        )
         for type_, status_, problem in self._stuck(available, progressing):
             if (get_condition(conditions, type_) or {}).get("reason") != problem.reason and not any(
                 e.reason == problem.reason for e in plan.events
@@ -376,6 +395,48 @@ class ServingPlanner:
         status["conditions"] = conditions
         plan.status = status
         return plan
+
+    def _rollout(
+        self, candidate: dict[str, Any] | None, stable: dict[str, Any] | None, state: dict[str, Any] | None
+    ) -> RolloutPlan:
+        """What each track serves (reconcile/canary.py decides; RollingUpdate is one stable track)."""
+
+        def revision(draft: dict[str, Any] | None, track: str) -> str:
+            built, _ = self.deployment(draft, 0, track)
+            return built["metadata"]["annotations"][meta.TEMPLATE_HASH_ANNOTATION]
+
+        return plan_rollout(
+            RolloutInputs(
+                spec=self.sdd.spec,
+                annotations=self.body["metadata"].get("annotations") or {},
+                stable=stable,
+                candidate=candidate,
+                state=state,
+                stable_deployment=self.observed.deployment,
+                canary_deployment=self.observed.canary_deployment,
+                history=self.observed.counters,
+                now=self.observed.now,
+                revision=revision,
+            )
+        )
+
+    def _record_rollout(
+        self, rollout: RolloutPlan, status: dict[str, Any], conditions: list[dict[str, Any]], plan: Plan
+    ) -> None:
+        """status.canary, status.rejectedDrafts, the canary conditions and Events."""
+        if rollout.state is None:
+            status.pop("canary", None)
+        else:
+            status["canary"] = rollout.state
+        if rollout.rejected:
+            status["rejectedDrafts"] = [*(status.get("rejectedDrafts") or []), rollout.rejected]
+        gen, now = self.body["metadata"].get("generation"), iso(self.observed.now)
+        for type_, status_, reason, message in rollout.conditions:
+            set_condition(conditions, type_, status_, reason, message, gen, now)
+        plan.events += rollout.events
+        if rollout.state and rollout.state["phase"] in ("Analyzing", "Promoting"):
+            interval = self.sdd.spec.live_acceptance.interval_seconds
+            plan.requeue_after = min(plan.requeue_after or interval, interval)
 
     def _live_acceptance(
         self,
@@ -476,7 +537,7 @@ class ServingPlanner:
             return True, "ReplicasReady", f"{ready}/{wanted} vLLM replicas ready"
         return False, "NoReadyReplicas", f"0/{wanted} vLLM replicas ready"
 
-    def _progressing(self, desired: dict[str, Any]) -> tuple[bool, str, str]:
+    def _progressing(self, desired: dict[str, Any], wanted: int) -> tuple[bool, str, str]:
         deployment = self.observed.deployment
         if deployment is None:
             return True, "Creating", "creating the vLLM Deployment"
@@ -489,7 +550,6 @@ class ServingPlanner:
             # status still describes the old one.
             return True, "RollingOut", "applying a new vLLM pod template"
         status = deployment.get("status") or {}
-        wanted = self.sdd.spec.replicas
         settled = (
             status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
             and (status.get("updatedReplicas") or 0) == wanted
