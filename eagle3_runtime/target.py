@@ -122,6 +122,29 @@ class TargetHead(nn.Module):
         return F.linear(x.to(self.lm_head_weight.dtype), self.lm_head_weight)
 
 
+# Wrapper names of the text model's tensors -> the causal LM's (applied before Hugging Face's own
+# per-architecture conversions, such as fusing MoE experts).
+WRAPPED_TEXT_MODEL_KEYS = {
+    r"^language_model\.model\.": "model.",
+    r"^language_model\.lm_head\.": "lm_head.",
+    r"^model\.language_model\.": "model.",
+}
+
+
+def load_text_model(model: str, dtype: torch.dtype) -> nn.Module:
+    """The target's causal LM; of a multimodal wrapper (Kimi-K2.5, ...) only the text model, built
+    from its `text_config` and loaded from the wrapper's text tensors (the rest are left unread)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve_model_path(model)
+    config = AutoConfig.from_pretrained(path)
+    if text_config(config) is config:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(
+        path, config=text_config(config), dtype=dtype, key_mapping=WRAPPED_TEXT_MODEL_KEYS
+    )
+
+
 class OnlineHiddenStates:
     """Runs a Hugging Face causal LM in this process and captures the draft's inputs."""
 
@@ -133,11 +156,7 @@ class OnlineHiddenStates:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ):
-        from transformers import AutoModelForCausalLM
-
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=dtype).to(device).eval()
-        )
+        self.model = load_text_model(model, dtype).to(device).eval()
         self.device = torch.device(device)
         layers = self._decoder_layers()
         if any(i < 0 or i >= len(layers) for i in layer_ids):
