@@ -176,9 +176,9 @@ class TinyFamilySpec:
     expert_intermediate: int = 256
     vocab_size: int = 2048  # the tokenizer's; the embedding is padded to a multiple of VOCAB_PADDING
     seq_len: int = 128
-    batch_size: int = 8
-    steps: int = 160
-    learning_rate: float = 2e-3
+    batch_size: int = 16
+    steps: int = 500
+    learning_rate: float = 3e-3
     corpus_megabytes: float = 3.0
     chat_fraction: float = 0.6
     seed: int = 0
