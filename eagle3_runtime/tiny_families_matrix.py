@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from eagle3_runtime.tiny_families import FAMILIES, ensure_tiny_family, family_spec
+from eagle3_runtime.tiny_families import FAMILIES, TinyFamilySpec, ensure_tiny_family, family_spec
 
 log = logging.getLogger(__name__)
 
@@ -294,15 +294,23 @@ def vllm_loader_expectations(name: str, target: Path, work: Path, results: dict)
 
 
 def run_family(
-    name: str, work: Path, prompts: Path, *, pipeline: bool = True, target: Path | None = None
+    name: str,
+    work: Path,
+    prompts: Path,
+    *,
+    pipeline: bool = True,
+    target: Path | None = None,
+    spec: TinyFamilySpec | None = None,
 ) -> dict:
+    """One family's row: its checks and stages, and what was measured. `target`: an already built
+    one; `spec`: build this one (default: the family's, with few steps for a Hugging Face-only row)."""
     work.mkdir(parents=True, exist_ok=True)
     family = FAMILIES[name]
     results: dict[str, Any] = {"family": name, "architecture": family.architecture,
                                "reasoning": family.reasoning, "checks": {}, "stages": {}, "measured": {}}  # fmt: skip
     started = time.monotonic()
     # The Hugging Face-side checks hold for any weights: a family checked only there is built briefly.
-    spec = family_spec(name) if pipeline else family_spec(name, steps=HF_ONLY_STEPS)
+    spec = spec or (family_spec(name) if pipeline else family_spec(name, steps=HF_ONLY_STEPS))
     if target is None:
         target = _check(results, "build", ensure_tiny_family, name, spec)
     else:
@@ -327,6 +335,12 @@ def run_family(
         and all(s["ok"] for s in results["stages"].values())
     )
     return results
+
+
+def recorded_spec(result: dict) -> TinyFamilySpec:
+    """The spec a recorded row's target was built with (to build the same one again)."""
+    fields = {k: v for k, v in result["target"].items() if k in TinyFamilySpec.__dataclass_fields__}
+    return TinyFamilySpec(**fields)
 
 
 def not_run(name: str) -> dict:
@@ -365,10 +379,10 @@ def render_matrix(results: list[dict]) -> str:
         "the Hugging Face side only is built with few training steps (those checks do not need a trained",
         "target).",
         "",
-        "| family | architecture | supported | HF hidden states | "
+        "| family | architecture | target training steps | supported | HF hidden states | "
         + " | ".join(PIPELINE_STAGES)
         + " | target outputs have structure | vLLM states = HF states | export fits vLLM's loader |",
-        "|---" * (7 + len(PIPELINE_STAGES)) + "|",
+        "|---" * (8 + len(PIPELINE_STAGES)) + "|",
     ]
     errors = []
     for r in results:
@@ -380,6 +394,7 @@ def render_matrix(results: list[dict]) -> str:
         row = [
             r["family"],
             f"`{r['architecture']}`",
+            str(r["target"]["steps"]) if "target" in r else "-",
             MARK[r["supported"]] if checks else "not measured",
             cell(checks.get("hf_hidden_states")),
         ]
@@ -415,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true", help="keep the results file's other families")
     parser.add_argument("--results", type=Path, default=DOC.with_name("target-families-results.json"))
     parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--render-only", action="store_true", help="rewrite the doc from the results file")
     args = parser.parse_args(argv)
+    if args.render_only:
+        args.doc.write_text(render_matrix(json.loads(args.results.read_text())))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from eagle3_runtime.pipeline.prompts import write_prompt_sets
