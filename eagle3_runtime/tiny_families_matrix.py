@@ -194,6 +194,33 @@ def outputs_have_structure(work: Path, results: dict) -> None:
         raise AssertionError(f"{degenerate:.0%} of the target's answers repeat one or two tokens")
 
 
+def vllm_serves_with_a_draft(target: Path, work: Path, results: dict) -> None:
+    """For a family not taken through the pipeline: one vLLM start serving the target with an
+    untrained draft exported for it (acceptance means nothing then; serving at all is the check),
+    and one request."""
+    import httpx
+
+    from eagle3_runtime.export import write_eagle3_dir
+    from eagle3_runtime.model.config import draft_config_from_target
+    from eagle3_runtime.model.draft import Eagle3Draft, init_weights
+    from eagle3_runtime.target import load_target_config
+    from eagle3_runtime.vllm_server import VLLMServer
+
+    config = load_target_config(str(target))
+    draft = Eagle3Draft(
+        draft_config_from_target(config, layer_ids="auto", draft_vocab_size=config.vocab_size)
+    )
+    init_weights(draft, seed=0)
+    directory = write_eagle3_dir(work / "untrained-draft", draft.trainable_state_dict(), draft.config)
+    speculative = {"method": "eagle3", "model": str(directory), "num_speculative_tokens": 3}
+    logs = work / "logs"
+    with VLLMServer(target, log_path=logs / "probe-vllm.log", speculative_config=speculative) as server:
+        reply = httpx.post(f"{server.url}/v1/completions", timeout=300,
+                           json={"model": str(target), "prompt": "def main(", "max_tokens": 16, "temperature": 0})  # fmt: skip
+        reply.raise_for_status()
+        results["measured"]["probe_completion"] = reply.json()["choices"][0]["text"]
+
+
 def vllm_error(logs: Path) -> str | None:
     """The last exception line vLLM wrote (its own words: the support table quotes them)."""
     pattern = re.compile(r"^(?:\(\w+ pid=\d+\) )?(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
@@ -301,6 +328,7 @@ def run_family(
     pipeline: bool = True,
     target: Path | None = None,
     spec: TinyFamilySpec | None = None,
+    serve_probe: bool = False,
 ) -> dict:
     """One family's row: its checks and stages, and what was measured. `target`: an already built
     one; `spec`: build this one (default: the family's, with few steps for a Hugging Face-only row)."""
@@ -320,6 +348,10 @@ def run_family(
     if target is None:
         return results
     _check(results, "hf_hidden_states", hf_hidden_states, target, results)
+    if serve_probe:
+        _check(results, "vllm_serves_with_a_draft", vllm_serves_with_a_draft, target, work, results)
+        if not results["checks"]["vllm_serves_with_a_draft"]["ok"]:
+            results["checks"]["vllm_serves_with_a_draft"]["vllm_error"] = vllm_error(work / "logs")
     if pipeline:
         _check(results, "pipeline_ran", run_pipeline, name, target, work, prompts, results)
         if results["stages"].get("generate", {}).get("ok"):
@@ -375,14 +407,16 @@ def render_matrix(results: list[dict]) -> str:
         "checks both export formats against vLLM's SpeculatorsConfig reader, the target class's",
         "SupportsEagle3 in vLLM's registry, and the tensor shapes the target implies. The `streaming`",
         "mode uses the same vLLM extraction as `offline` and is not repeated per family. *not run* /",
-        "*not measured*: the recorded run did not take that family or stage through. A family checked on",
+        "*not measured*: the recorded run did not take that family or stage through. *vLLM serves it",
+        "with an untrained draft*: one vLLM start with the target and an EAGLE-3 draft made for it, and",
+        "one request, for a family not taken through the pipeline. A family checked on",
         "the Hugging Face side only is built with few training steps (those checks do not need a trained",
         "target).",
         "",
         "| family | architecture | target training steps | supported | HF hidden states | "
         + " | ".join(PIPELINE_STAGES)
-        + " | target outputs have structure | vLLM states = HF states | export fits vLLM's loader |",
-        "|---" * (8 + len(PIPELINE_STAGES)) + "|",
+        + " | vLLM serves it with an untrained draft | target outputs have structure | vLLM states = HF states | export fits vLLM's loader |",
+        "|---" * (9 + len(PIPELINE_STAGES)) + "|",
     ]
     errors = []
     for r in results:
@@ -399,7 +433,7 @@ def render_matrix(results: list[dict]) -> str:
             cell(checks.get("hf_hidden_states")),
         ]
         row += [cell(stages.get(s)) for s in PIPELINE_STAGES]
-        row += [cell(checks.get(c)) for c in ("target_outputs_have_structure", "offline_matches_online",
+        row += [cell(checks.get(c)) for c in ("vllm_serves_with_a_draft", "target_outputs_have_structure", "offline_matches_online",
                                               "vllm_loader_expectations")]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
         for stage, entry in [*stages.items(), *checks.items()]:
@@ -424,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         "--work", type=Path, required=True, help="a scratch folder (one subfolder per family)"
     )
     parser.add_argument("--families", nargs="*", default=list(FAMILIES), help="through the whole pipeline")
+    parser.add_argument("--serve-probe", nargs="*", default=[],
+                        help="families (of --hf-only) that vLLM serves once with an untrained draft")  # fmt: skip
     parser.add_argument("--hf-only", nargs="*", default=[], help="Hugging Face side only (no vLLM)")
     parser.add_argument("--target", action="append", default=[], metavar="FAMILY=DIR",
                         help="an already built target of the family instead of building one")  # fmt: skip
@@ -446,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     # The quick Hugging Face-side families first, so a long pipeline cannot hold them up; the doc and
     # the results are rewritten after each family, so they always agree.
     for name in [*args.hf_only, *(f for f in args.families if f not in args.hf_only)]:
-        results[name] = run_family(name, args.work / name, prompts, pipeline=name not in args.hf_only,
+        results[name] = run_family(name, args.work / name, prompts, pipeline=name not in args.hf_only, serve_probe=name in args.serve_probe,
                                    target=targets.get(name))  # fmt: skip
         if args.merge and args.results.exists():  # another run's families stay as it recorded them
             recorded = {r["family"]: r for r in json.loads(args.results.read_text())}
