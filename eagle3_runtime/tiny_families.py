@@ -269,6 +269,10 @@ def _deepseek_v3(spec, vocab_size, ids):
         qk_nope_head_dim=32,
         v_head_dim=spec.head_dim,
         num_mtp_layers=0,
+        # DeepSeek-V3's own config.json names its router (Hugging Face's class assumes it; vLLM
+        # reads these and has no e_score_correction_bias without them).
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
     )
 
 
