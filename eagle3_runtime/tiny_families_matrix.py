@@ -467,8 +467,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=DOC.with_name("target-families-results.json"))
     parser.add_argument("--doc", type=Path, default=DOC)
     parser.add_argument("--render-only", action="store_true", help="rewrite the doc from the results file")
+    parser.add_argument("--combine", nargs="*", type=Path, default=[],
+                        help="results files of runs made side by side: a family measured in a later file "
+                        "replaces the earlier row; the combination is written to --results and --doc")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.render_only:
+    if args.combine:
+        rows = {name: not_run(name) for name in FAMILIES}
+        for path in args.combine:
+            rows.update({r["family"]: r for r in json.loads(path.read_text()) if r["checks"]})
+        args.results.write_text(json.dumps(list(rows.values()), indent=2) + "\n")
+    if args.render_only or args.combine:
         args.doc.write_text(render_matrix(json.loads(args.results.read_text())))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
