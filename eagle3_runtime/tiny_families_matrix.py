@@ -221,14 +221,22 @@ def vllm_serves_with_a_draft(target: Path, work: Path, results: dict) -> None:
         results["measured"]["probe_completion"] = reply.json()["choices"][0]["text"]
 
 
+# vLLM's own wrappers around the error that stopped it: the line before them is the cause.
+GENERIC_VLLM_ERRORS = ("Engine core initialization failed", "WorkerProc initialization failed")
+
+
 def vllm_error(logs: Path) -> str | None:
-    """The last exception line vLLM wrote (its own words: the support table quotes them)."""
-    pattern = re.compile(r"^(?:\(\w+ pid=\d+\) )?(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
+    """The exception that stopped vLLM, in its own words (the support table quotes them): the last
+    one logged that is not one of vLLM's generic wrappers, from a process's traceback or its
+    `ERROR [file:line]` log line."""
+    pattern = re.compile(
+        r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^\]]+\] )?(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$"
+    )
     found = None
     for log_file in sorted(logs.glob("*vllm*.log"), key=lambda p: p.stat().st_mtime):
         for line in log_file.read_text(errors="replace").splitlines():
             match = pattern.match(line.strip())
-            if match:
+            if match and not match.group(2).startswith(GENERIC_VLLM_ERRORS):
                 found = f"{match.group(1)}: {match.group(2)}"[:300]
     return found
 
