@@ -483,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = {name: not_run(name) for name in FAMILIES}
         for path in args.combine:
             rows.update({r["family"]: r for r in json.loads(path.read_text()) if r["checks"]})
+        for name, row in rows.items():  # the probes' vLLM logs read again with this module's reader
+            probe = row["checks"].get("vllm_serves_with_a_draft")
+            if probe and not probe["ok"] and (args.work / name / "logs").is_dir():
+                probe["vllm_error"] = vllm_error(args.work / name / "logs")
         args.results.write_text(json.dumps(list(rows.values()), indent=2) + "\n")
     if args.render_only or args.combine:
         args.doc.write_text(render_matrix(json.loads(args.results.read_text())))
