@@ -64,15 +64,39 @@ def read_eagle3_dir(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Te
     return json.loads(config_path.read_text()), load_file(str(weights_path))
 
 
+def verifier_architectures(verifier: str) -> list[str]:
+    """The architectures the target's config.json names (Qwen3MoeForCausalLM,
+    KimiK25ForConditionalGeneration, ...): a local folder's, or a Hugging Face id's from the local
+    hub cache (an export never downloads)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = Path(verifier) / "config.json"
+    if not path.is_file():
+        cached = try_to_load_from_cache(verifier, "config.json") if not Path(verifier).is_absolute() else None
+        if not isinstance(cached, str):
+            raise FileNotFoundError(
+                f"cannot read the verifier {verifier}'s config.json (not a folder, not in the local Hugging Face "
+                "cache) to record its architecture in the speculators format"
+            )
+        path = Path(cached)
+    architectures = json.loads(path.read_text()).get("architectures")
+    if not architectures:
+        raise ValueError(f"{path} names no architectures")
+    return list(architectures)
+
+
 def write_speculators_dir(
     out: Path,
     eagle3_dir: Path,
     *,
     verifier: str,
     speculative_tokens: int,
+    architectures: list[str] | None = None,
     dtype: torch.dtype = torch.bfloat16,
 ) -> Path:
-    """Re-label a plain eagle3 directory (a checkpoint or an export) in the speculators format."""
+    """Re-label a plain eagle3 directory (a checkpoint or an export) in the speculators format.
+
+    `architectures` are the verifier's (default: read from its config.json)."""
     config, weights = read_eagle3_dir(eagle3_dir)
     dtype_name = str(dtype).removeprefix("torch.")
     config.update(dtype=dtype_name, torch_dtype=dtype_name)
@@ -98,7 +122,10 @@ def write_speculators_dir(
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
-            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+            "verifier": {
+                "name_or_path": verifier,
+                "architectures": architectures or verifier_architectures(verifier),
+            },
         },
         "torch_dtype": dtype_name,
     }

@@ -24,9 +24,16 @@ from torch import nn
 from eagle3_runtime.hidden_states import HiddenStateSample
 from eagle3_runtime.model.config import text_config
 
-EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight")
-NORM_KEYS = ("model.norm.weight", "model.language_model.norm.weight", "norm.weight")
-LM_HEAD_KEYS = ("lm_head.weight",)
+# Where checkpoints keep the text model's tensors: plain causal LMs (`model.`), Hugging Face
+# multimodal classes (`model.language_model.`), original multimodal checkpoints such as
+# Kimi-K2.5's and LLaVA's (`language_model.model.`, head `language_model.lm_head`), bare models.
+# Listed in order, so a `model.` text model wins over any other tensor of the same suffix (for
+# example the embeddings of DeepSeek-V3's MTP layer, `model.layers.61.embed_tokens`).
+TEXT_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.", "language_model.", "")
+HEAD_PREFIXES = ("", "language_model.", "model.language_model.")
+EMBED_KEYS = tuple(f"{p}embed_tokens.weight" for p in TEXT_MODEL_PREFIXES)
+NORM_KEYS = tuple(f"{p}norm.weight" for p in TEXT_MODEL_PREFIXES)
+LM_HEAD_KEYS = tuple(f"{p}lm_head.weight" for p in HEAD_PREFIXES)
 
 
 def resolve_model_path(model: str) -> Path:
@@ -71,8 +78,23 @@ def load_target_tensor(model: str, candidates: tuple[str, ...]) -> torch.Tensor:
     raise ValueError(f"{path} has none of the tensors {list(candidates)}")
 
 
-def load_target_embeddings(model: str) -> torch.Tensor:
-    return load_target_tensor(model, EMBED_KEYS)
+def vocab_rows(tensor: torch.Tensor, vocab_size: int, name: str) -> torch.Tensor:
+    """The first `vocab_size` rows of an embedding or lm_head matrix.
+
+    Checkpoints pad these matrices past `vocab_size` (to a multiple of 64 or of the
+    tensor-parallel degree); the rows past it are never a token's. Fewer rows than
+    `vocab_size` means the config and the weights disagree."""
+    if tensor.shape[0] < vocab_size:
+        raise ValueError(
+            f"the target's {name} has {tensor.shape[0]} rows, fewer than its config's vocab_size {vocab_size}"
+        )
+    return tensor[:vocab_size]
+
+
+def load_target_embeddings(model: str, config: Any | None = None) -> torch.Tensor:
+    """[vocab_size, H]: the text model's token embeddings (inside any multimodal wrapper)."""
+    config = config or load_target_config(model)
+    return vocab_rows(load_target_tensor(model, EMBED_KEYS), config.vocab_size, "embedding")
 
 
 class TargetHead(nn.Module):
@@ -87,10 +109,10 @@ class TargetHead(nn.Module):
     @classmethod
     def from_pretrained(cls, model: str, config: Any | None = None) -> TargetHead:
         config = config or load_target_config(model)
-        lm_head_keys = EMBED_KEYS + LM_HEAD_KEYS if config.tie_word_embeddings else LM_HEAD_KEYS
-        return cls(
-            load_target_tensor(model, NORM_KEYS), load_target_tensor(model, lm_head_keys), config.rms_norm_eps
-        )
+        # Tied targets may still store lm_head (a copy); untied ones must.
+        lm_head_keys = LM_HEAD_KEYS + EMBED_KEYS if config.tie_word_embeddings else LM_HEAD_KEYS
+        lm_head = vocab_rows(load_target_tensor(model, lm_head_keys), config.vocab_size, "lm_head")
+        return cls(load_target_tensor(model, NORM_KEYS), lm_head, config.rms_norm_eps)
 
     @torch.no_grad()
     def forward(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
@@ -98,6 +120,29 @@ class TargetHead(nn.Module):
             last_hidden_state.float(), (last_hidden_state.shape[-1],), self.norm_weight.float(), self.eps
         )
         return F.linear(x.to(self.lm_head_weight.dtype), self.lm_head_weight)
+
+
+# Wrapper names of the text model's tensors -> the causal LM's (applied before Hugging Face's own
+# per-architecture conversions, such as fusing MoE experts).
+WRAPPED_TEXT_MODEL_KEYS = {
+    r"^language_model\.model\.": "model.",
+    r"^language_model\.lm_head\.": "lm_head.",
+    r"^model\.language_model\.": "model.",
+}
+
+
+def load_text_model(model: str, dtype: torch.dtype) -> nn.Module:
+    """The target's causal LM; of a multimodal wrapper (Kimi-K2.5, ...) only the text model, built
+    from its `text_config` and loaded from the wrapper's text tensors (the rest are left unread)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve_model_path(model)
+    config = AutoConfig.from_pretrained(path)
+    if text_config(config) is config:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(
+        path, config=text_config(config), dtype=dtype, key_mapping=WRAPPED_TEXT_MODEL_KEYS
+    )
 
 
 class OnlineHiddenStates:
@@ -111,11 +156,7 @@ class OnlineHiddenStates:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ):
-        from transformers import AutoModelForCausalLM
-
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=dtype).to(device).eval()
-        )
+        self.model = load_text_model(model, dtype).to(device).eval()
         self.device = torch.device(device)
         layers = self._decoder_layers()
         if any(i < 0 or i >= len(layers) for i in layer_ids):

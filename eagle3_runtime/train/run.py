@@ -174,7 +174,7 @@ def run_training(config: TrainConfig) -> TrainingOutcome:
         settings=settings,
         draft_config=draft_config,
         vocab=vocab,
-        embeddings=load_target_embeddings(config.target),
+        embeddings=load_target_embeddings(config.target, target_config),
         target_head=TargetHead.from_pretrained(config.target, target_config),
         source=source,
         context=context,

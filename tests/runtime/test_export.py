@@ -36,6 +36,9 @@ def test_d2t_and_t2d_only_when_the_draft_vocabulary_is_smaller(tmp_path):
 
 def _workspace_with_checkpoint(tmp_path, step=4):
     draft = tiny_draft(draft_vocab_size=20)
+    target = tmp_path / "target-model"  # the verifier's config.json, whose architecture the export records
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
     workspace = Workspace(tmp_path / "ws")
     write_checkpoint(
         workspace,
@@ -43,7 +46,7 @@ def _workspace_with_checkpoint(tmp_path, step=4):
         model_state=draft.trainable_state_dict(),
         draft_config=draft.config,
         training_state={},
-        manifest={"target": "org/target-model"},
+        manifest={"target": str(target)},
     )
     return workspace
 
@@ -79,7 +82,10 @@ def test_speculators_export_is_read_by_vllm(tmp_path):
         "method": "eagle3",
         "num_speculative_tokens": 5,
     }
-    assert raw["speculators_config"]["verifier"]["name_or_path"] == "org/target-model"
+    assert raw["speculators_config"]["verifier"] == {
+        "name_or_path": str(tmp_path / "target-model"),
+        "architectures": ["Qwen3MoeForCausalLM"],
+    }
     weights = load_file(str(out / "model.safetensors"))
     assert "layers.0.self_attn.q_proj.weight" in weights and not any(
         k.startswith("midlayer.") for k in weights
@@ -137,7 +143,7 @@ def test_an_export_is_published_under_its_digest_and_never_overwritten(tmp_path)
         model_state=draft.trainable_state_dict(),
         draft_config=draft.config,
         training_state={},
-        manifest={"target": "org/target-model"},
+        manifest={"target": str(tmp_path / "target-model")},
     )
 
     def export(step: int) -> tuple[Path, str]:

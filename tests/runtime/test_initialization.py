@@ -63,7 +63,12 @@ def test_layers_are_copied_and_lm_head_rows_follow_the_tokens(tmp_path, num_laye
 def test_speculators_directory_is_read_and_its_residual_convention_checked(tmp_path):
     path, source = _source(tmp_path, list(range(20)), num_layers=2)
     speculators = write_speculators_dir(
-        tmp_path / "spec", path, verifier="org/target", speculative_tokens=3, dtype=torch.float32
+        tmp_path / "spec",
+        path,
+        verifier="org/target",
+        speculative_tokens=3,
+        architectures=["LlamaForCausalLM"],
+        dtype=torch.float32,
     )
     draft, vocab = _fresh(list(range(20)), num_layers=2)
     warm_start(draft, str(speculators), vocab)
