@@ -3,10 +3,14 @@
 of tests/monitoring/constant_draft.py (a real EAGLE-3 draft, accepted at a modest rate).
 
 One SpecDecodeDeployment with spec.verification on and replicas 0 (the check's Job needs the
-real node's CPU; a serving pod would only slow it): the first draft passes and rolls into the pod
-template; a second draft, asked for a floor above what it reaches, fails, lands in
-status.rejectedDrafts with the measured reason, and the template keeps the first draft. Both Jobs
-run with the target's attention backend (CPU_ATTN, the CPU build's own).
+real node's CPU; a serving pod would only slow it), its draft asked for an acceptance floor above
+what it reaches: the Job serves the target with and without the draft, the outputs are identical,
+the floor fails, and the draft lands in status.rejectedDrafts with the measured reason while the
+pod template keeps serving the target alone. The Job runs with the target's attention backend
+(CPU_ATTN, the CPU build's own). One Job (two vLLM start-ups) keeps the suite within its budget:
+a passing draft rolling out after its check, and a rejected one leaving the previous draft in
+place, are covered by tests/operator/test_verification_unit.py, and the check itself passing and
+failing on real vLLM by tests/runtime/test_verify.py.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tests.support.cluster import wait_until
 
 SDD = "gate"
 NUM_PROMPTS, MAX_TOKENS = 4, 24
+FLOOR = 3.9  # above what the constant draft reaches (about 1.1 over these prompts)
 JOB_TIMEOUT_S = 600  # two vLLM start-ups in one pod on a shared 2-core machine
 
 
@@ -88,7 +93,7 @@ def _jobs(cluster, namespace: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_passing_draft_rolls_out_and_a_failing_one_is_rejected(
+def test_a_draft_below_its_floor_is_rejected_and_never_served(
     cluster, real_node_namespace, start_operator, tmp_path
 ):
     ns = real_node_namespace
@@ -97,15 +102,16 @@ def test_a_passing_draft_rolls_out_and_a_failing_one_is_rejected(
     models, drafts = tmp_path / "models", tmp_path / "drafts"
     shutil.copytree(target, models / "target")
     build_constant_draft(target, drafts / "good", token)
-    shutil.copytree(drafts / "good", drafts / "second")
     realnode.readable_by_pods(models)
     realnode.readable_by_pods(drafts)
     cluster.real_node.host_path_claim(cluster, ns, "target", models)
     cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
     start_operator(ns)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
+    body = manifest(ns)
+    body["spec"]["verification"]["minAcceptanceLength"] = FLOOR
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
 
-    # Verifying: the Deployment serves the target alone until the first draft passes.
+    # Verifying: the Deployment serves the target alone meanwhile.
     running = wait_until(
         lambda: _verified(cluster, ns, "Running"), timeout=60, interval=1, what="a verify Job"
     )
@@ -117,40 +123,26 @@ def test_a_passing_draft_rolls_out_and_a_failing_one_is_rejected(
 
     started = time.monotonic()
     body = wait_until(
-        lambda: _verified(cluster, ns, "Passed"), timeout=JOB_TIMEOUT_S, interval=2, what="verified"
-    )
-    print(f"first draft verified after {time.monotonic() - started:.0f} s: {body['status']['verification']}")
-    verification = body["status"]["verification"]
-    assert verification["uri"] == "pvc://drafts/good" and verification["mismatches"] == 0
-    assert verification["identical"] + verification["flips"] == NUM_PROMPTS
-    assert verification["acceptanceLength"] > 1
-    assert condition(body, "DraftVerified")["status"] == "True"
-    wait_until(lambda: _template_draft(cluster, ns) == "/models/draft/good", timeout=30, interval=1,
-               what="the verified draft in the pod template")  # fmt: skip
-    assert body["status"]["resolvedDraft"]["uri"] == "pvc://drafts/good"
-
-    # A second draft asked for more than it reaches: rejected, the first keeps the template.
-    patch = {
-        "spec": {"draft": {"model": "pvc://drafts/second"}, "verification": {"minAcceptanceLength": 3.9}}
-    }
-    cluster.kubectl("patch", "sdd", SDD, "-n", ns, "--type=merge", "-p", json.dumps(patch))
-    started = time.monotonic()
-    body = wait_until(
         lambda: _verified(cluster, ns, "Failed"), timeout=JOB_TIMEOUT_S, interval=2, what="rejected"
     )
-    print(f"second draft rejected after {time.monotonic() - started:.0f} s: {body['status']['verification']}")
+    print(f"draft rejected after {time.monotonic() - started:.0f} s: {body['status']['verification']}")
+    verification = body["status"]["verification"]
+    # The outputs matched (speculation was lossless); only the floor failed.
+    assert verification["mismatches"] == 0
+    assert verification["identical"] + verification["flips"] == NUM_PROMPTS
+    assert 1 < verification["acceptanceLength"] < FLOOR
     (rejected,) = body["status"]["rejectedDrafts"]
     assert (rejected["uri"], rejected["phase"], rejected["reason"]) == (
-        "pvc://drafts/second",
+        "pvc://drafts/good",
         "Verification",
         "VerificationFailed",
     )
-    assert "is below the floor 3.9" in rejected["message"]
+    assert f"is below the floor {FLOOR}" in rejected["message"]
     verified = condition(body, "DraftVerified")
     assert (verified["status"], verified["reason"]) == ("False", "VerificationFailed")
-    assert "keep serving pvc://drafts/good" in verified["message"]
-    assert _template_draft(cluster, ns) == "/models/draft/good"
-    assert body["status"]["resolvedDraft"]["uri"] == "pvc://drafts/good"
+    assert _template_draft(cluster, ns) is None
+    assert "resolvedDraft" not in body["status"]
     reasons = [(e["type"], e["reason"]) for e in events_of(cluster, ns, SDD)]
-    assert ("Normal", "DraftVerified") in reasons and ("Warning", "DraftRejected") in reasons
-    assert len(_jobs(cluster, ns)) == 2, "a rejected draft is not checked again"
+    assert ("Warning", "DraftRejected") in reasons
+    time.sleep(5)
+    assert len(_jobs(cluster, ns)) == 1, "a rejected draft is not checked again"
