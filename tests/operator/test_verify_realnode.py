@@ -25,6 +25,7 @@ from eagle3_runtime.tiny_target import ensure_tiny_target
 from eagle3_runtime.verify import BUILTIN_PROMPTS
 from tests.monitoring.constant_draft import build_constant_draft, most_frequent_output_token
 from tests.operator.harness import condition, events_of, spec_decode_path
+from tests.operator.test_serving_realnode import manifest as serving_manifest
 from tests.support import realnode
 from tests.support.cluster import wait_until
 
@@ -35,40 +36,22 @@ JOB_TIMEOUT_S = 600  # two vLLM start-ups in one pod on a shared 2-core machine
 
 
 def manifest(namespace: str) -> dict:
-    return {
-        "apiVersion": "eagle3.ai/v1alpha1",
-        "kind": "SpecDecodeDeployment",
-        "metadata": {"name": SDD, "namespace": namespace},
-        "spec": {
-            "target": {
-                "model": "pvc://target/target",
-                "imagePullPolicy": "Never",
-                "maxModelLen": 512,
-                "attentionBackend": "CPU_ATTN",
-                # Eager mode: no torch.compile at start-up (minutes on a busy 2-core machine).
-                "extraArgs": ["--dtype", "bfloat16", "--enforce-eager"],
-                "env": [
-                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-                    {"name": "HF_HUB_OFFLINE", "value": "1"},
-                ],
-                "resources": {"requests": {"cpu": "100m"}},
-                "shmSize": "1Gi",
-            },
-            "draft": {"model": "pvc://drafts/good"},
-            "replicas": 0,
-            "scheduling": {
-                "nodeSelector": realnode.REAL_NODE_SELECTOR,
-                "tolerations": realnode.REAL_NODE_TOLERATIONS,
-            },
-            "monitoring": {"serviceMonitor": False},
-            "verification": {
-                "enabled": True,
-                "imagePullPolicy": "Never",
-                "numPrompts": NUM_PROMPTS,
-                "maxTokens": MAX_TOKENS,
-            },
-        },
+    """The real-node serving test's SpecDecodeDeployment, with the check on and no serving pod."""
+    body = serving_manifest(namespace)
+    body["metadata"]["name"] = SDD
+    spec = body["spec"]
+    spec["target"]["attentionBackend"] = "CPU_ATTN"
+    spec["draft"] = {"model": "pvc://drafts/good"}
+    spec["replicas"] = 0
+    del spec["liveAcceptance"]
+    spec["verification"] = {
+        "enabled": True,
+        "imagePullPolicy": "Never",
+        "numPrompts": NUM_PROMPTS,
+        "maxTokens": MAX_TOKENS,
+        "minAcceptanceLength": FLOOR,
     }
+    return body
 
 
 def _verified(cluster, namespace: str, result: str) -> dict | None:
@@ -107,9 +90,7 @@ def test_a_draft_below_its_floor_is_rejected_and_never_served(
     cluster.real_node.host_path_claim(cluster, ns, "target", models)
     cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
     start_operator(ns)
-    body = manifest(ns)
-    body["spec"]["verification"]["minAcceptanceLength"] = FLOOR
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
 
     # Verifying: the Deployment serves the target alone meanwhile.
     running = wait_until(
