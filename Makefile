@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTEST_ARGS ?=
 
-.PHONY: help env testbed test e2e test-gpu test-families lint cluster demo crds
+.PHONY: help env testbed test e2e test-gpu test-families test-demo lint cluster demo crds
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -30,6 +30,10 @@ e2e: ## the end-to-end tests alone: helm install, kubectl apply the tiny-cpu exa
 	  $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
 	  EAGLE3_TESTBED_BIN=$$bin EAGLE3_NODE_BIN=$$node PATH=$$venv/bin:$$bin:$$PATH \
 	  $$venv/bin/python -m pytest tests/e2e -rA $(PYTEST_ARGS)
+
+test-demo: ## `eagle3 pipeline --preset tiny-cpu` end to end with its acceptance bar (tests/demo; about 12 min, not in `make test`: tests/e2e holds the same bar)
+	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_runtime.tiny_target >/dev/null && \
+	  $$venv/bin/python -m pytest -o addopts="-ra --strict-markers" tests/demo $(PYTEST_ARGS)
 
 test-families: ## re-measure a target family of docs/target-families.md (tests/families; 15-30 min per family, not in `make test`)
 	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m pytest -o addopts="-ra --strict-markers" tests/families $(PYTEST_ARGS)
