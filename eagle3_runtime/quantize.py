@@ -15,6 +15,15 @@ when prefixed `re:`, against the names it builds the draft with (`llama_eagle3.p
 vLLM quantise `fc` (an fp8 layer without a scale, filled from bf16 weights). The export writes
 the excluded modules as `re:` patterns instead, as AMD's model card for its Quark FP8 EAGLE-3
 draft (amd/Kimi-K2.5-Eagle3-FP8, "vLLM Loading Note") instructs.
+
+Otherwise the config has the shape of that published draft's: the card's command (Quark 0.12
+`quantize_quark.py --quant_scheme ptpc_fp8 --exclude_layers fc lm_head --file2file_quantization`)
+writes `QConfig.to_dict()` plus a fixed `export` block, the same keys Quark's safetensors export
+writes here, except that amd-quark 0.13 adds `zero_point_type` to each tensor spec (see
+`_in_published_shape`). What vLLM's reader uses of it: `export.kv_cache_group` and
+`export.pack_method`, `exclude`, `global_quant_config` / `layer_quant_config` /
+`layer_type_quant_config` and, per tensor spec, `dtype`, `qscheme`, `is_dynamic`, `symmetric`,
+`group_size`, `block_size`, `scale_type`.
 """
 
 from __future__ import annotations
@@ -46,6 +55,23 @@ def _scheme_config(scheme: str):
     if scheme not in schemes:
         raise ValueError(f"unknown scheme {scheme!r}: choose one of {', '.join(SCHEMES)}")
     return QConfig(global_quant_config=schemes[scheme]().config, exclude=list(EXCLUDED_MODULES))
+
+
+def _in_published_shape(value):
+    """Quark's exported config without amd-quark 0.13's `zero_point_type: "int32"` in tensor specs.
+
+    amd-quark 0.12, which wrote AMD's published drafts, has no such key; Quark's reader takes a
+    missing one as "int32", and vLLM reads neither, so dropping the default loses nothing.
+    """
+    if isinstance(value, dict):
+        return {
+            k: _in_published_shape(v)
+            for k, v in value.items()
+            if not (k == "zero_point_type" and v == "int32")
+        }
+    if isinstance(value, list):
+        return [_in_published_shape(v) for v in value]
+    return value
 
 
 class _QuarkExportable(PreTrainedModel):
@@ -91,7 +117,7 @@ def quantize_draft(input_dir: Path, output_dir: Path, scheme: str) -> Path:
         weights = load_file(str(Path(tmp) / WEIGHTS_FILE))
     if sorted(quark_config["exclude"]) != sorted(EXCLUDED_MODULES):  # anything else needs its own pattern
         raise RuntimeError(f"Quark exported exclude={quark_config['exclude']}, expected {EXCLUDED_MODULES}")
-    quark_config["exclude"] = VLLM_EXCLUDE_PATTERNS
+    quark_config = _in_published_shape({**quark_config, "exclude": VLLM_EXCLUDE_PATTERNS})
     dropped = sorted(n for n in original if n not in weights and n not in ("d2t", "t2d"))
     if dropped:  # vLLM would serve those modules uninitialised
         raise RuntimeError(f"Quark's export lost {len(dropped)} draft tensors, e.g. {dropped[:3]}")
