@@ -177,6 +177,9 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
         answered_before = _results(cluster, ns)[0]
         wait_until(lambda: _results(cluster, ns)[0] >= answered_before + 3, timeout=120, interval=1,
                    what="answers after the promotion")  # fmt: skip
+    except BaseException:
+        _print_diagnosis(cluster, ns)
+        raise
     finally:
         ok, failed = _results(cluster, ns)
         print(f"client: {ok} completions, {len(failed)} failed; test {time.monotonic() - started:.0f} s")
@@ -222,3 +225,33 @@ def _with(cluster, namespace: str, type_: str, status: str) -> dict | None:
 def _deployment_replicas(cluster, namespace: str) -> dict[str, int]:
     found = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")["items"]
     return {d["metadata"]["name"]: d["spec"]["replicas"] for d in found}
+
+
+def _print_diagnosis(cluster, namespace: str) -> None:
+    """What a failed run needs to be understood from CI's log alone: the rollout's status, every pod on
+    the real node (this test's and other tests' still running), and this namespace's Events."""
+    status = cluster.request("GET", spec_decode_path(namespace, SDD)).get("status", {})
+    print("status.canary:", json.dumps(status.get("canary")))
+    print(
+        "conditions:",
+        json.dumps([(c["type"], c["status"], c["reason"]) for c in status.get("conditions", [])]),
+    )
+    for pod in cluster.request("GET", "/api/v1/pods")["items"]:
+        if pod["spec"].get("nodeName") != realnode.NODE_NAME:
+            continue
+        states = [
+            (c["name"], c.get("ready"), c.get("restartCount"), next(iter(c.get("state", {})), None))
+            for c in pod["status"].get("containerStatuses") or []
+        ]
+        requests = [c.get("resources", {}).get("requests") for c in pod["spec"]["containers"]]
+        print(
+            "pod",
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            pod["status"].get("phase"),
+            states,
+            requests,
+        )
+    for event in cluster.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]:
+        print("event", event.get("lastTimestamp") or event.get("eventTime"), event["type"], event["reason"],
+              event["involvedObject"]["name"], event.get("message", "")[:300])  # fmt: skip

@@ -151,6 +151,7 @@ class Cluster:
 
     def __init__(self, body: dict):
         self.body, self.deployments, self.history, self.seconds = body, {}, History(), 0
+        self.pods: list[dict] = []
 
     def reconcile(self):
         observed = ServingObserved(
@@ -158,6 +159,7 @@ class Cluster:
             deployment=self.deployments.get("chat"),
             canary_deployment=self.deployments.get("chat-canary"),
             counters=self.history,
+            pods=self.pods,
         )
         plan = plan_serving(self.body, observed)
         for name, deployment in _tracks(plan).items():
@@ -293,3 +295,53 @@ def test_reverting_spec_draft_cancels_the_canary_and_rolling_update_has_no_canar
     plain.body["spec"]["draft"]["model"] = NEXT
     rolled = plain.reconcile()
     assert {n: _draft_of(d) for n, d in _tracks(rolled).items()} == {"chat": "/models/draft/next"}
+
+
+def _pod(deployment: dict, waiting: str | None, message: str = "") -> dict:
+    """A pod of the Deployment's template; `waiting`: its vLLM container's waiting reason (None: running)."""
+    template = deployment["spec"]["template"]["metadata"]
+    state = {"waiting": {"reason": waiting, "message": message}} if waiting else {"running": {}}
+    container = {"name": "vllm", "ready": False, "restartCount": 3 if waiting else 0, "state": state}
+    if waiting == "CrashLoopBackOff":
+        container["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
+    return {
+        "metadata": {"name": deployment["metadata"]["name"] + "-x1", "labels": template["labels"]},
+        "status": {"phase": "Running", "containerStatuses": [container]},
+    }
+
+
+@pytest.mark.parametrize("failure", ["CrashLoopBackOff", "ProgressDeadlineExceeded"])
+def test_a_canary_that_cannot_start_is_rolled_back_without_waiting_for_data(failure: str):
+    cluster = Cluster(_body())
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.body["spec"]["draft"]["model"] = BAD
+    cluster.reconcile()
+    canary = cluster.deployments["chat-canary"]
+
+    cluster.pods = [_pod(canary, None), _pod(cluster.deployments["chat"], None)]
+    starting = cluster.reconcile()
+    assert starting.status["canary"]["phase"] == "Analyzing", "a pod still starting is waited for"
+    assert starting.status["canary"]["reason"] == "NotEnoughData"
+
+    if failure == "CrashLoopBackOff":
+        cluster.pods = [
+            _pod(canary, failure, "ValueError: draft hidden size 64 does not match the target's 128")
+        ]
+        expected = "ValueError: draft hidden size 64"
+    else:
+        cluster.deployments["chat-canary"]["status"]["conditions"] = [
+            {"type": "Progressing", "status": "False", "reason": failure,
+             "message": 'ReplicaSet "chat-canary-1" has timed out progressing.'}
+        ]  # fmt: skip
+        expected = "has timed out progressing"
+    rolled_back = cluster.reconcile()
+    assert {n: d["spec"]["replicas"] for n, d in _tracks(rolled_back).items()} == {
+        "chat": 3,
+        "chat-canary": 0,
+    }
+    (rejected,) = rolled_back.status["rejectedDrafts"]
+    assert (rejected["uri"], rejected["reason"]) == (BAD, "CanaryFailedToStart")
+    assert expected in rejected["message"]
+    assert _condition(rolled_back.status, "RolledBack") == ("True", "CanaryFailedToStart")
+    assert ("Warning", "CanaryRolledBack") in [(e.type, e.reason) for e in rolled_back.events]

@@ -18,6 +18,9 @@ reads (live_acceptance) give each track's deltas over the analysis window; `anal
   the point estimates decide: promoted when the acceptance ratio is at least `minAcceptanceRatio`,
   the error rate at most `maxErrorRate` and the mean inter-token latency ratio at most
   `maxLatencyRatio` (not judged while either track has no latency samples); rolled back otherwise.
+- A canary that cannot start is rolled back without data: a canary pod in CrashLoopBackOff (vLLM
+  refusing the draft, say), or the canary Deployment past its progress deadline (the start-up
+  budget and its slack). It holds one of the stable track's pods, so waiting costs capacity.
 
 Pure functions; serving.py builds the Deployments this decides.
 """
@@ -34,6 +37,7 @@ from eagle3_operator.api.spec_decode_deployment import CanarySpec, SpecDecodeDep
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.live_acceptance import History, PodCounters, revision_deltas
 from eagle3_operator.reconcile.plan import Event, iso
+from eagle3_operator.reconcile.stuck import Problem, deployment_problem, pod_problem
 
 TRACK_LABEL = "eagle3.ai/track"
 # Manual promotion: the user sets this annotation to status.canary.revision.
@@ -42,6 +46,8 @@ CANARY_SUFFIX = "-canary"
 Z_ONE_SIDED_95 = 1.645
 # One read interval of slack: reads are not exactly analysisSeconds apart.
 FULL_WINDOW = 0.9
+# A canary pod in one of these states will not serve on its own: judged without waiting for data.
+FAILED_START_REASONS = {"CrashLoopBackOff", "ProgressDeadlineExceeded"}
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,7 @@ class RolloutInputs:
     state: dict[str, Any] | None  # status.canary as last written
     stable_deployment: dict[str, Any] | None
     canary_deployment: dict[str, Any] | None
+    canary_pods: list[dict[str, Any]]
     history: History | None
     now: datetime
     # The pod-template revision a track's Deployment gets for a draft record: (draft, track) -> hash.
@@ -257,6 +264,16 @@ def plan_rollout(inputs: RolloutInputs) -> RolloutPlan:
     return _start(inputs, draft_spec)
 
 
+def start_failure(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem | None:
+    """Why the canary track cannot start (see the module docstring), None while it may yet."""
+    problems = [deployment_problem(deployment), *(pod_problem(p) for p in sorted(pods, key=_name))]
+    return next((p for p in problems if p is not None and p.reason in FAILED_START_REASONS), None)
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return obj["metadata"]["name"]
+
+
 def _canary_replicas(spec: SpecDecodeDeploymentSpec) -> int:
     return min(spec.rollout.canary.replicas, spec.replicas - 1)
 
@@ -300,7 +317,11 @@ def _analyzing(inputs: RolloutInputs, state: dict[str, Any]) -> RolloutPlan:
     window = canary_spec.analysis_seconds
     canary_sample = track_sample(inputs.history, inputs.revision(candidate, "canary"), window, inputs.now)
     stable_sample = track_sample(inputs.history, inputs.revision(stable, "stable"), window, inputs.now)
-    verdict = analyse(canary_sample, stable_sample, canary_spec)
+    failed = start_failure(inputs.canary_deployment, inputs.canary_pods)
+    if failed is not None:
+        verdict = Verdict("Fail", "CanaryFailedToStart", failed.message)
+    else:
+        verdict = analyse(canary_sample, stable_sample, canary_spec)
     state = state | {"reason": verdict.reason, "message": verdict.message}
     state["revision"] = inputs.revision(candidate, "canary")
     for key, sample in (("canary", canary_sample), ("stable", stable_sample)):

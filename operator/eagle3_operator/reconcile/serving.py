@@ -414,6 +414,11 @@ class ServingPlanner:
                 state=state,
                 stable_deployment=self.observed.deployment,
                 canary_deployment=self.observed.canary_deployment,
+                canary_pods=[
+                    p
+                    for p in self.observed.pods
+                    if (p["metadata"].get("labels") or {}).get(TRACK_LABEL) == "canary"
+                ],
                 history=self.observed.counters,
                 now=self.observed.now,
                 revision=revision,
