@@ -393,3 +393,74 @@ def test_the_whole_ttt_loss_compiles_to_one_graph_with_the_eager_values(num_laye
     assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 5
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, msg=name)
+
+
+def _loss_and_grads(batch, vocab, *, freeze_lm_head=False, loss_fn=ttt_loss, **options):
+    draft = tiny_draft()
+    draft.d2t.copy_(vocab.d2t)
+    draft.t2d.copy_(vocab.t2d)
+    draft.lm_head.weight.requires_grad_(not freeze_lm_head)
+    loss, stats = draft(batch, loss_fn=loss_fn, steps=3, decay=0.8, draft_ids=vocab.used_ids, **options)
+    loss.backward()
+    grads = {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
+    return loss.detach(), stats.as_tensor(), grads
+
+
+@pytest.mark.parametrize("gather_counted", [True, False])
+@pytest.mark.parametrize("chunk_rows", [5, 1000])
+@pytest.mark.parametrize("freeze_lm_head", [False, True])
+def test_the_chunked_head_and_kl_give_the_loss_and_gradients_of_the_whole(
+    gather_counted, chunk_rows, freeze_lm_head
+):
+    """`loss_chunk_rows` computes lm_head, the KL and their gradients a chunk of rows at a time
+    (in the forward pass): the same loss, metrics and gradients as autograd over all rows at
+    once, with masked slots, out-of-vocabulary top-1s and two documents in the row."""
+    torch.manual_seed(6)
+    vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)
+    t_len = 24
+    full = torch.randn(2, t_len, 50) * 3
+    full[..., 20:] -= 20.0
+    full[:, ::5, 40] += 50.0  # every fifth slot's top-1 is outside the draft vocabulary
+    batch = TTTBatch(
+        input_ids=torch.randint(0, 50, (2, t_len)),
+        aux_hidden_states=torch.randn(2, t_len, 96),
+        target_logits=full,
+        predict_mask=torch.rand(2, t_len) > 0.2,
+        document_ids=torch.tensor([[0] * 10 + [1] * 14, [0] * 20 + [-1] * 4]),
+        positions=torch.cat([torch.arange(10), torch.arange(14)]).repeat(2, 1),
+    )
+    options = dict(gather_counted=gather_counted, freeze_lm_head=freeze_lm_head)
+    whole_loss, whole_stats, whole_grads = _loss_and_grads(batch, vocab, **options)
+    loss, stats, grads = _loss_and_grads(batch, vocab, loss_chunk_rows=chunk_rows, **options)
+    assert whole_stats[1].sum() > 40 and whole_loss > 0
+    torch.testing.assert_close(loss, whole_loss)
+    torch.testing.assert_close(stats, whole_stats)
+    assert grads.keys() == whole_grads.keys() and ("lm_head.weight" in grads) != freeze_lm_head
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(grads[name], grad, msg=name)
+
+
+@pytest.mark.parametrize("freeze_lm_head", [False, True])
+def test_the_chunked_loss_compiles_to_one_graph_with_the_eager_values(freeze_lm_head):
+    """The trainer's GPU configuration (whole loss compiled, every slot, static shapes) with
+    `loss_chunk_rows`: one graph (`fullgraph=True`), the values of the unchunked eager loss."""
+    torch.manual_seed(7)
+    vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)
+    t_len = 24
+    batch = TTTBatch(
+        input_ids=torch.randint(0, 50, (1, t_len)),
+        aux_hidden_states=torch.randn(1, t_len, 96),
+        target_logits=torch.randn(1, t_len, 50) * 3,
+        predict_mask=torch.rand(1, t_len) > 0.2,
+        document_ids=torch.tensor([[0] * 10 + [1] * 14]),
+        positions=torch.cat([torch.arange(10), torch.arange(14)])[None],
+    )
+    compiled = torch.compile(ttt_loss, fullgraph=True, backend="aot_eager", dynamic=False)
+    options = dict(gather_counted=False, freeze_lm_head=freeze_lm_head)
+    eager_loss, eager_stats, eager_grads = _loss_and_grads(batch, vocab, **options)
+    loss, stats, grads = _loss_and_grads(batch, vocab, loss_fn=compiled, loss_chunk_rows=16, **options)
+    torch.testing.assert_close(loss, eager_loss)
+    torch.testing.assert_close(stats, eager_stats)
+    assert grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(grads[name], grad, msg=name)
