@@ -383,6 +383,7 @@ def build_ours(args, target, counts, batches, *, stored_top1: bool = True) -> Ru
         warmup_steps=1,
         attention=args.attention,
         freeze_lm_head=args.freeze_lm_head,
+        loss_chunk_rows=args.loss_chunk_rows,
     )
     trainer = DraftTrainer(
         settings=settings,
@@ -534,6 +535,12 @@ def main() -> None:
         "--freeze-lm-head", action="store_true", help="speculators' recipe (lm_head not trained)"
     )
     parser.add_argument(
+        "--loss-chunk-rows",
+        type=int,
+        default=None,
+        help="ours: lm_head and the KL this many rows at a time (TrainSettings.loss_chunk_rows)",
+    )
+    parser.add_argument(
         "--rows-per-rank",
         type=int,
         default=1,
@@ -583,6 +590,7 @@ def main() -> None:
         "rounds": args.rounds,
         "rows_per_rank": args.rows_per_rank,
         "freeze_lm_head": args.freeze_lm_head,
+        "loss_chunk_rows": args.loss_chunk_rows,
         "full_head": args.full_head,
         "speculators_attention": args.speculators_attention,
         "speculators_loss": args.speculators_loss,

@@ -107,6 +107,64 @@ def soft_kl(logits: torch.Tensor, target_log_probs: torch.Tensor) -> torch.Tenso
     return (target_log_probs.exp() * (target_log_probs - logits)).sum(-1) + torch.logsumexp(logits, dim=-1)
 
 
+class _ChunkedHeadKL(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, target_log_probs, source_rows, choice, row_weights, chunk_rows):
+        weight_cast = weight.to(x.dtype)  # what autocast's lm_head multiplies by
+        kls, corrects, input_grads = [], [], []
+        # A frozen lm_head (speculators' recipe) needs no weight gradient.
+        train_weight = ctx.needs_input_grad[1]
+        weight_grad = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if train_weight else None
+        )
+        for start in range(0, x.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            logits = x[rows] @ weight_cast.t()
+            log_p = target_log_probs[source_rows[rows]]
+            kls.append(soft_kl(logits, log_p))
+            corrects.append(logits.argmax(-1) == choice[rows])
+            # d KL / d logits = softmax(logits) - p, times each row's weight in the loss
+            logits_grad = (torch.softmax(logits.float(), -1) - log_p.exp()) * row_weights[rows, None]
+            logits_grad = logits_grad.to(x.dtype)
+            input_grads.append(logits_grad @ weight_cast)
+            if train_weight:
+                weight_grad += (logits_grad.t() @ x[rows]).float()
+        kl, correct = torch.cat(kls), torch.cat(corrects)
+        ctx.save_for_backward(torch.cat(input_grads), weight_grad.to(weight.dtype) if train_weight else None)
+        ctx.mark_non_differentiable(kl, correct)
+        # A slot of weight 0 (not counted) adds nothing, whatever its KL.
+        loss = torch.where(row_weights > 0, kl * row_weights, 0.0).sum()
+        return loss, kl, correct
+
+    @staticmethod
+    def backward(ctx, loss_grad, _kl_grad, _correct_grad):
+        input_grad, weight_grad = ctx.saved_tensors
+        weight_grad = None if weight_grad is None else weight_grad * loss_grad
+        return input_grad * loss_grad, weight_grad, None, None, None, None, None
+
+
+def chunked_head_kl(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target_log_probs: torch.Tensor,
+    source_rows: torch.Tensor,
+    choice: torch.Tensor,
+    row_weights: torch.Tensor,
+    chunk_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sum_r row_weights[r] * KL(target_log_probs[source_rows[r]] || softmax(x[r] @ weight.T)),
+    the per-row KL and whether the row's argmax is `choice[r]`, `chunk_rows` rows at a time.
+
+    The loss's gradients are computed in the forward pass, chunk by chunk (the weighted sum is
+    linear in the per-row KL): no chunk's [rows, V] logits outlive it, where autograd would keep
+    all of them (the logits of every TTT step, the largest tensors of a long row) for backward.
+    The same matmuls as lm_head's forward and backward, none recomputed.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"loss chunks need at least one row, got {chunk_rows}")
+    return _ChunkedHeadKL.apply(x, weight, target_log_probs, source_rows, choice, row_weights, chunk_rows)
+
+
 def ttt_loss(
     draft: Eagle3Draft,
     batch: TTTBatch,
@@ -117,10 +175,13 @@ def ttt_loss(
     attention_backend: str = "eager",
     reduce_counts: Callable[[torch.Tensor], torch.Tensor] = lambda counts: counts,
     gather_counted: bool = True,
+    loss_chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, TTTStats]:
     """Loss of one batch, normalised by the counted slots of all ranks (`reduce_counts`).
 
     `draft_ids`: target ids of the draft vocabulary (None when it is the whole vocabulary).
+    `loss_chunk_rows`: lm_head and the KL over this many rows at a time, their gradients
+    included (`chunked_head_kl`): the logits of all steps are never alive at once. None: in one go.
     """
     with torch.no_grad():
         if batch.target_top1 is None:
@@ -149,12 +210,14 @@ def ttt_loss(
     t = batch.input_ids.shape[1]
     offsets = torch.arange(1, steps + 1, device=hidden.device)
     target_slot = (torch.arange(t, device=hidden.device) + offsets[:, None]).clamp(max=t - 1)  # [k, T]
-    targets, choice = target_log_probs[:, target_slot], target_choice[:, target_slot]  # [B, k, T, ...]
+    choice = target_choice[:, target_slot]  # [B, k, T]
     counted = torch.stack(masks, dim=1)  # [B, k, T]; false where s + 1 + i is past the row
     hidden_states = torch.stack(outputs, dim=1)
     if gather_counted:
         # Only counted slots go through lm_head and the loss (saves FLOPs on masked slots).
-        logits = draft.logits(hidden_states[counted])
+        def pick(values: torch.Tensor) -> torch.Tensor:
+            return values[counted]
+
         # Back to [B, k, T] by gathering each counted slot's place in the compact list.
         place = (counted.flatten().cumsum(0) - 1).clamp(min=0).view(counted.shape)
 
@@ -162,15 +225,36 @@ def ttt_loss(
             values = torch.cat([values, values.new_zeros(1)])  # a place to gather from when none counts
             return torch.where(counted, values[place], values.new_zeros(()))
 
-        kl = spread(soft_kl(logits, targets[counted]))
-        correct = spread(logits.argmax(-1) == choice[counted])
     else:
         # Every slot, masked after: static shapes, no host sync (what compiled GPU code wants).
-        logits = draft.logits(hidden_states)
-        kl = torch.where(counted, soft_kl(logits, targets), 0.0)
-        correct = (logits.argmax(-1) == choice) & counted
+        def pick(values: torch.Tensor) -> torch.Tensor:
+            return values.flatten(0, 2)
+
+        def spread(values: torch.Tensor) -> torch.Tensor:
+            return torch.where(counted, values.view(counted.shape), values.new_zeros(()))
+
+    if loss_chunk_rows is not None:
+        # Slot (b, i, s) reads row b * T + s + 1 + i of the [B * T, V] target log-probabilities.
+        source = target_slot + (torch.arange(counted.shape[0], device=hidden.device) * t)[:, None, None]
+        step_weights = decay ** offsets.sub(1).float() / global_counts.clamp(min=1)
+        weights = torch.where(counted, step_weights[:, None], 0.0)
+        loss, kl, correct = chunked_head_kl(
+            draft.norm(pick(hidden_states)),
+            draft.lm_head.weight,
+            target_log_probs.flatten(0, 1),
+            pick(source),
+            pick(choice),
+            pick(weights),
+            loss_chunk_rows,
+        )
+        kl, correct = spread(kl), spread(correct)
+    else:
+        logits = draft.logits(pick(hidden_states))
+        kl = spread(soft_kl(logits, pick(target_log_probs[:, target_slot])))  # targets [B, k, T, V]
+        correct = spread(logits.argmax(-1) == pick(choice))
     kl_sum = kl.sum((0, 2))
-    loss = (decay ** offsets.sub(1).float() * kl_sum / global_counts.clamp(min=1)).sum()
+    if loss_chunk_rows is None:
+        loss = (decay ** offsets.sub(1).float() * kl_sum / global_counts.clamp(min=1)).sum()
     with torch.no_grad():
         # Conditional on every earlier step being right at that slot (what acceptance needs).
         right_so_far = correct.cumprod(dim=1)

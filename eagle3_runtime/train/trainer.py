@@ -52,6 +52,9 @@ class TrainSettings:
     attention: str = "auto"  # eager | flex | auto (flex on GPU)
     compile: bool | None = None  # torch.compile the whole TTT unroll and loss; None: `compile_by_default`
     freeze_lm_head: bool = False  # speculators' recipe: lm_head stays the target's rows
+    # lm_head and the KL over this many rows at a time (model.loss.chunked_head_kl): long rows
+    # need less memory. None: all rows at once (what the GPU measurements in docs/benchmarks.md ran).
+    loss_chunk_rows: int | None = None
     init_checkpoint: str | None = None  # warm start from this draft (train/initialization.py)
     epochs: int | None = None  # what `steps` was derived from, when given in epochs (recorded only)
 
@@ -299,6 +302,7 @@ class DraftTrainer:
                 reduce_counts=self.reduce_counts,
                 loss_fn=self.loss_fn,
                 gather_counted=self.context.device.type != "cuda",
+                loss_chunk_rows=self.settings.loss_chunk_rows,
             )
         # FSDP averages gradients over ranks; the loss is already normalised globally.
         (loss * self.context.world_size).backward()

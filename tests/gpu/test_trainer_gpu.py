@@ -38,21 +38,23 @@ def _batch(t_len: int) -> TTTBatch:
     )
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
-def test_compiled_flex_loss_equals_the_eager_reference(num_layers):
+@pytest.mark.parametrize(("num_layers", "loss_chunk_rows"), [(1, None), (2, None), (1, 500)])
+def test_compiled_flex_loss_equals_the_eager_reference(num_layers, loss_chunk_rows):
     """What the trainer runs on GPU (inductor, FlexAttention) against the eager attention and
-    eager loss, in fp32 with TF32 off: same loss, metrics and gradients."""
+    eager loss, in fp32 with TF32 off: same loss, metrics and gradients; with `loss_chunk_rows`
+    the compiled loss runs lm_head and the KL in chunks, the reference in one go."""
     torch.backends.cuda.matmul.allow_tf32 = False
     vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)
     batch = _batch(384)  # three 128-token attention blocks, a document boundary inside one
     results = []
-    for loss_fn, attention in ((ttt_loss, "eager"), (compiled_ttt_loss(), "flex")):
+    runs = ((ttt_loss, "eager", None), (compiled_ttt_loss(), "flex", loss_chunk_rows))
+    for loss_fn, attention, chunk_rows in runs:
         draft = tiny_draft(num_layers=num_layers, head_dim=FLEX_HEAD_DIM).cuda()
         draft.d2t.copy_(vocab.d2t)
         draft.t2d.copy_(vocab.t2d)
         loss, stats = draft(
             batch, loss_fn=loss_fn, steps=4, decay=0.8, draft_ids=vocab.used_ids.cuda(),
-            attention_backend=attention, gather_counted=False,
+            attention_backend=attention, gather_counted=False, loss_chunk_rows=chunk_rows,
         )  # fmt: skip
         loss.backward()
         grads = {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}

@@ -357,12 +357,24 @@ def test_a_stored_target_top1_gives_the_loss_of_the_full_head(gather_counted):
         torch.testing.assert_close(grads[name], grad, msg=name)
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
-def test_the_whole_ttt_loss_compiles_to_one_graph_with_the_eager_values(num_layers):
+def _loss_and_grads(batch, vocab, *, num_layers=1, freeze_lm_head=False, loss_fn=ttt_loss, **options):
+    draft = tiny_draft(num_layers=num_layers)
+    draft.d2t.copy_(vocab.d2t)
+    draft.t2d.copy_(vocab.t2d)
+    draft.lm_head.weight.requires_grad_(not freeze_lm_head)
+    loss, stats = draft(batch, loss_fn=loss_fn, steps=3, decay=0.8, draft_ids=vocab.used_ids, **options)
+    loss.backward()
+    grads = {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
+    return loss.detach(), stats.as_tensor(), grads
+
+
+@pytest.mark.parametrize(("num_layers", "loss_chunk_rows"), [(1, None), (2, None), (1, 16)])
+def test_the_whole_ttt_loss_compiles_to_one_graph_with_the_eager_values(num_layers, loss_chunk_rows):
     """On GPU the trainer compiles `ttt_loss` whole (`compiled_ttt_loss`). `fullgraph=True` fails
     on any graph break in the unroll, masks or loss; aot_eager runs the captured forward and
     backward graphs (inductor's CPU code is not what the GPU runs, and FlexAttention has no CPU
-    backward, so the eager attention is captured here)."""
+    backward, so the eager attention is captured here). With `loss_chunk_rows` the compiled loss
+    is compared with the unchunked eager one."""
     torch.manual_seed(3)
     vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)
     t_len = 24
@@ -375,21 +387,45 @@ def test_the_whole_ttt_loss_compiles_to_one_graph_with_the_eager_values(num_laye
         positions=torch.cat([torch.arange(10), torch.arange(14)])[None],
     )
     compiled = torch.compile(ttt_loss, fullgraph=True, backend="aot_eager", dynamic=False)
-    results = []
-    for loss_fn in (ttt_loss, compiled):
-        draft = tiny_draft(num_layers=num_layers)
-        draft.d2t.copy_(vocab.d2t)
-        draft.t2d.copy_(vocab.t2d)
-        loss, stats = draft(
-            batch, loss_fn=loss_fn, steps=3, decay=0.8, draft_ids=vocab.used_ids, gather_counted=False
-        )
-        loss.backward()
-        grads = {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
-        results.append((loss.detach(), stats.as_tensor(), grads))
-    (eager_loss, eager_stats, eager_grads), (compiled_loss, compiled_stats, compiled_grads) = results
+    options = dict(num_layers=num_layers, gather_counted=False)
+    eager_loss, eager_stats, eager_grads = _loss_and_grads(batch, vocab, **options)
+    compiled_loss, compiled_stats, compiled_grads = _loss_and_grads(
+        batch, vocab, loss_fn=compiled, loss_chunk_rows=loss_chunk_rows, **options
+    )
     assert torch.isfinite(eager_loss) and eager_loss > 0
     torch.testing.assert_close(compiled_loss, eager_loss)
     torch.testing.assert_close(compiled_stats, eager_stats)
     assert compiled_grads.keys() == eager_grads.keys() and len(eager_grads) > 5
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, msg=name)
+
+
+@pytest.mark.parametrize("gather_counted", [True, False])
+@pytest.mark.parametrize("freeze_lm_head", [False, True])
+def test_the_chunked_head_and_kl_give_the_loss_and_gradients_of_the_whole(gather_counted, freeze_lm_head):
+    """`loss_chunk_rows` computes lm_head, the KL and their gradients a chunk of rows at a time
+    (in the forward pass): the same loss, metrics and gradients as autograd over all rows at
+    once, with masked slots, out-of-vocabulary top-1s and two documents in the row."""
+    torch.manual_seed(6)
+    vocab = build_draft_vocab(torch.tensor([5] * 20 + [0] * 30), 20)
+    t_len = 24
+    full = torch.randn(2, t_len, 50) * 3
+    full[..., 20:] -= 20.0
+    full[:, ::5, 40] += 50.0  # every fifth slot's top-1 is outside the draft vocabulary
+    batch = TTTBatch(
+        input_ids=torch.randint(0, 50, (2, t_len)),
+        aux_hidden_states=torch.randn(2, t_len, 96),
+        target_logits=full,
+        predict_mask=torch.rand(2, t_len) > 0.2,
+        document_ids=torch.tensor([[0] * 10 + [1] * 14, [0] * 20 + [-1] * 4]),
+        positions=torch.cat([torch.arange(10), torch.arange(14)]).repeat(2, 1),
+    )
+    options = dict(gather_counted=gather_counted, freeze_lm_head=freeze_lm_head)
+    whole_loss, whole_stats, whole_grads = _loss_and_grads(batch, vocab, **options)
+    loss, stats, grads = _loss_and_grads(batch, vocab, loss_chunk_rows=5, **options)
+    assert whole_stats[1].sum() > 40 and whole_loss > 0
+    torch.testing.assert_close(loss, whole_loss)
+    torch.testing.assert_close(stats, whole_stats)
+    assert grads.keys() == whole_grads.keys() and ("lm_head.weight" in grads) != freeze_lm_head
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(grads[name], grad, msg=name)
