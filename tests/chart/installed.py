@@ -298,4 +298,9 @@ def run_training(installation: Installation, name: str, timeout: float = 240) ->
         assert status.get("phase") != "Failed", json.dumps(status, indent=1)
         return status if status.get("phase") == "Succeeded" else None
 
-    return wait_until(succeeded, timeout=timeout, interval=0.5, what=f"DraftTraining {name} Succeeded")
+    try:
+        return wait_until(succeeded, timeout=timeout, interval=0.5, what=f"DraftTraining {name} Succeeded")
+    except TimeoutError as error:
+        status = (get(cluster, draft_training_path(work, name)) or {}).get("status")
+        where = [cluster.describe_namespace(ns) for ns in (work, installation.system)]
+        raise AssertionError("\n".join([str(error), json.dumps(status, indent=1), *where])) from error

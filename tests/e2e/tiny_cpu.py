@@ -128,19 +128,6 @@ def columns(line: str, header: str) -> dict[str, str]:
     return {n: line[bounds[i] : bounds[i + 1]].strip() for i, n in enumerate(names)}
 
 
-def diagnosis(cluster: LocalCluster, namespace: str) -> str:
-    """What a failed run leaves to read: the namespace's workloads, and the last log lines of every
-    pod that did not succeed."""
-    parts = [cluster.kubectl("get", "dt,sdd,deploy,job,pod", "-n", namespace, "-o", "wide", check=False)]
-    pods = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
-    for pod in pods:
-        if pod["status"].get("phase") != "Succeeded":
-            name = pod["metadata"]["name"]
-            logs = cluster.kubectl("logs", "-n", namespace, name, "--tail=40", check=False)
-            parts.append(f"--- {name} ({pod['status'].get('phase')}) ---\n{logs}")
-    return "\n".join(parts)
-
-
 def workspace_directory(cluster: LocalCluster, namespace: str, claim: str) -> Path:
     """Where the real node's local volume of `claim` lives on this machine."""
     bound = cluster.request("GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
@@ -172,7 +159,7 @@ def train(config: pytest.Config, installation: Installation, data: Path) -> Trai
         )
         if status.get("phase") == "Failed":
             raise AssertionError(
-                f"DraftTraining failed:\n{json.dumps(status, indent=1)}\n{diagnosis(cluster, namespace)}"
+                f"DraftTraining failed:\n{json.dumps(status, indent=1)}\n{cluster.describe_namespace(namespace)}"
             )
         return status if status.get("phase") == "Succeeded" else None
 
@@ -181,7 +168,7 @@ def train(config: pytest.Config, installation: Installation, data: Path) -> Trai
             succeeded, timeout=TRAINING_TIMEOUT_S, interval=POLL_S, what="DraftTraining tiny-cpu Succeeded"
         )
     except TimeoutError as error:
-        raise AssertionError(f"{error}\n{diagnosis(cluster, namespace)}") from error
+        raise AssertionError(f"{error}\n{cluster.describe_namespace(namespace)}") from error
     run.seconds = time.monotonic() - started
     run.workspace = workspace_directory(cluster, namespace, run.status["workspaceClaim"])
     say(config, f"[e2e] DraftTraining Succeeded after {run.seconds:.0f} s")
@@ -224,7 +211,7 @@ def serve(config: pytest.Config, training: TrainingRun) -> ServedDraft:
     try:
         status = wait_until(available, timeout=SERVING_TIMEOUT_S, interval=2, what=f"{SERVING} Available")
     except TimeoutError as error:
-        raise AssertionError(f"{error}\n{diagnosis(cluster, namespace)}") from error
+        raise AssertionError(f"{error}\n{cluster.describe_namespace(namespace)}") from error
     service = cluster.request("GET", f"/api/v1/namespaces/{namespace}/services/{SERVING}")
     (port,) = service["spec"]["ports"]
     seconds = time.monotonic() - started

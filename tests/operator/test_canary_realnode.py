@@ -229,7 +229,7 @@ def _deployment_replicas(cluster, namespace: str) -> dict[str, int]:
 
 def _print_diagnosis(cluster, namespace: str) -> None:
     """What a failed run needs to be understood from CI's log alone: the rollout's status, every pod on
-    the real node (this test's and other tests' still running), and this namespace's Events."""
+    the real node (this test's and other tests' still running), this namespace's workloads, Events and logs."""
     status = cluster.request("GET", spec_decode_path(namespace, SDD)).get("status", {})
     print("status.canary:", json.dumps(status.get("canary")))
     print(
@@ -252,6 +252,4 @@ def _print_diagnosis(cluster, namespace: str) -> None:
             states,
             requests,
         )
-    for event in cluster.request("GET", f"/api/v1/namespaces/{namespace}/events")["items"]:
-        print("event", event.get("lastTimestamp") or event.get("eventTime"), event["type"], event["reason"],
-              event["involvedObject"]["name"], event.get("message", "")[:300])  # fmt: skip
+    print(cluster.describe_namespace(namespace))

@@ -187,6 +187,20 @@ class KubeApi:
                 lambda: not self._exists(f"/api/v1/namespaces/{name}"), timeout=timeout, what=f"{name} gone"
             )
 
+    def describe_namespace(self, namespace: str) -> str:
+        """What a failed test leaves to read: the namespace's workloads, its Events, and the last log
+        lines of every pod that did not succeed."""
+        parts = [
+            self.kubectl("get", "dt,sdd,deploy,job,pod", "-n", namespace, "-o", "wide", check=False),
+            self.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False),
+        ]
+        for pod in self.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]:
+            if pod["status"].get("phase") != "Succeeded":
+                name = pod["metadata"]["name"]
+                logs = self.kubectl("logs", "-n", namespace, name, "--tail=40", check=False)
+                parts.append(f"--- {name} ({pod['status'].get('phase')}) ---\n{logs}")
+        return "\n".join(parts)
+
     def _exists(self, path: str) -> bool:
         try:
             self.request("GET", path)
