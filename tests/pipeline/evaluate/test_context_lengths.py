@@ -1,0 +1,156 @@
+"""Acceptance per context length (`eagle3 evaluate --context-lengths`).
+
+Prompt building runs on the tiny target's own tokenizer and chat template (exact token counts,
+BOS kept, the question last, buckets that differ only in how much context precedes it, a bucket
+the prompts cannot fill reported as such). The measurement runs on real vLLM (CPU build): one
+server with the tiny target and an untrained draft (only that every bucket is really served and
+its counters move matters here; the figures say nothing about long-context drafts), two small
+buckets, two prompts each.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_runtime.cli import build_parser
+from eagle3_runtime.conversations import load_tokenizer
+from eagle3_runtime.evaluate.config import EvaluateConfig, speculative_config
+from eagle3_runtime.evaluate.context_lengths import build_buckets, cut_from_front, join_user_runs
+from eagle3_runtime.evaluate.evaluations import context_metrics
+from eagle3_runtime.pipeline.prompts import write_prompt_sets
+from eagle3_runtime.prompt_sources import SourceSpec, load_prompts
+from eagle3_runtime.stages import evaluate
+from tests.runtime.test_vllm_acceptance import untrained_draft
+from tests.support.vllm_server import running_vllm
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def eval_prompts(tmp_path_factory):
+    """The held-out prompt files (two chat domains, one completion domain), as `eagle3 pipeline` writes them."""
+    return write_prompt_sets(tmp_path_factory.mktemp("prompts"), corpus_megabytes=1.0)["eval"]
+
+
+def _prompts(directory, names: list[str], mode: str):
+    per_source, _ = load_prompts(
+        [SourceSpec(str(directory / n), mode=mode) for n in names], on_bad_row="fail"
+    )
+    return [prompt for source in per_source for prompt in source]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_target):
+    return load_tokenizer(str(tiny_target))
+
+
+def test_chat_buckets_are_exactly_n_tokens_ending_in_the_same_question(eval_prompts, tokenizer):
+    prompts = _prompts(eval_prompts, ["chat-complete.jsonl", "chat-continue.jsonl"], "chat")
+    short, long = build_buckets(prompts, [100, 300], 3, tokenizer)
+    closing = tokenizer("<|end|>\n<|assistant|>\n", add_special_tokens=False)["input_ids"]
+    for bucket in (short, long):
+        assert bucket.unfilled is None and len(bucket.prompts) == 3
+        for ids in bucket.prompts:
+            assert len(ids) == bucket.context_length
+            assert ids[0] == tokenizer.bos_token_id  # the template's BOS stays first after the cut
+            assert ids[-len(closing) :] == closing  # a user turn, then the generation prompt
+    # Same questions, more context before them: the short prompt is the long one's tail.
+    for small, large in zip(short.prompts, long.prompts, strict=True):
+        assert small[1:] == large[-99:]
+    # Prompt j ends in the j-th question, taken round-robin over the domains (files here).
+    continuing = next(i for i, p in enumerate(prompts) if p.domain == "chat-continue")
+    for ids, prompt in zip(long.prompts, [prompts[0], prompts[continuing], prompts[1]], strict=True):
+        question = prompt.turns[-1].context[-1]["content"]
+        assert question[-40:] in tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_completion_buckets_and_an_unfillable_bucket(eval_prompts, tokenizer):
+    prompts = _prompts(eval_prompts, ["completion-code.jsonl"], "completion")
+    total = len(tokenizer("\n\n".join(p.text for p in prompts))["input_ids"])
+    filled, unfilled = build_buckets(prompts, [200, total + 50], 2, tokenizer)
+    assert [len(ids) for ids in filled.prompts] == [200, 200]
+    for ids, prompt in zip(filled.prompts, prompts[:2], strict=True):
+        # As vLLM's completions endpoint tokenizes the joined texts (this tokenizer adds no BOS).
+        assert tokenizer.decode(ids).endswith(prompt.text[-30:])
+    # Never silently shorter: the bucket is reported, with how far the prompts reached.
+    assert unfilled.prompts == [] and f"fewer than {total + 50}" in unfilled.unfilled
+
+
+def test_cut_and_join_helpers():
+    assert cut_from_front([1, 5, 6, 7, 8], 3, bos_token_id=1) == [1, 7, 8]
+    assert cut_from_front([5, 6, 7, 8], 3, bos_token_id=1) == [6, 7, 8]
+    assert cut_from_front([1, 5], 3, bos_token_id=1) is None
+    joined = join_user_runs(
+        [
+            {"role": "user", "content": "a"},
+            {"role": "user", "content": "b"},
+            {"role": "assistant", "content": "c"},
+        ]
+    )
+    assert joined == [{"role": "user", "content": "a\n\nb"}, {"role": "assistant", "content": "c"}]
+
+
+def _config(**changes) -> EvaluateConfig:
+    settings = dict(
+        workspace="ws", target="t", checkpoint="step-1", prompts=[], num_speculative_tokens=K, server=None,
+        baseline_server=None, baseline="adjacent", rounds=1, prompts_per_domain=1, max_tokens=128,
+        concurrency=1, max_model_len=1024, context_lengths=[256, 512],
+    )  # fmt: skip
+    return EvaluateConfig(**(settings | changes))
+
+
+def test_context_lengths_must_ascend_and_fit_the_served_context():
+    assert _config().context_lengths == [256, 512]
+    with pytest.raises(ValueError, match="ascending order"):
+        _config(context_lengths=[512, 256])
+    with pytest.raises(ValueError, match="plus --max-tokens 128 does not fit --max-model-len 1024"):
+        _config(context_lengths=[512, 1000])
+
+
+def test_stage_metrics_list_measured_and_unfilled_lengths():
+    contexts = [
+        {"context_length": 256, "acceptance_length": 1.5, "drafts": 10.0},
+        {"context_length": 512, "acceptance_length": 1.4, "drafts": 12.0},
+        {"context_length": 4096, "prompts": 0, "unfilled": "..."},
+    ]
+    assert context_metrics(contexts) == {
+        "context_lengths": [256, 512],
+        "context_acceptance_length": [1.5, 1.4],
+        "context_drafts": [10.0, 12.0],
+        "context_lengths_unfilled": [4096],
+    }
+    assert context_metrics([]) == {}
+
+
+@pytest.mark.slow
+def test_evaluate_measures_each_context_length_on_the_candidate_server(tmp_path, tiny_target, eval_prompts):
+    draft = untrained_draft(tiny_target, tmp_path / "draft")
+    lengths = [256, 512]
+    with running_vllm(
+        tiny_target, tmp_path, served_model_name="tiny", speculative_config=speculative_config(draft, K)
+    ) as server:
+        argv = ["evaluate", "--workspace", str(tmp_path / "ws"), "--target", str(tiny_target),
+                "--checkpoint", str(draft), "--prompts", str(eval_prompts / "chat-complete.jsonl"),
+                "--prompts", str(eval_prompts / "chat-continue.jsonl"),
+                "--num-speculative-tokens", str(K), "--prompts-per-domain", "2", "--max-tokens", "16",
+                "--server", server.url, "--context-lengths", *map(str, lengths), "--context-prompts", "2"]  # fmt: skip
+        result = evaluate.run(build_parser(argv).parse_args(argv))
+    record = json.loads((tmp_path / "ws" / result.artifacts["evaluation"]).read_text())
+    buckets = record["acceptance_by_context_length"]
+    assert [b["context_length"] for b in buckets] == lengths
+    for bucket in buckets:
+        # The server counted exactly N prompt tokens for every request (checked as they ran).
+        assert bucket["prompts"] == 2 and bucket["tokens"] > 0
+        assert bucket["drafts"] > 0, bucket
+        assert 1.0 <= bucket["acceptance_length"] <= 1 + K
+        assert len(bucket["acceptance_per_position"]) == K
+        assert bucket["acceptance_length"] == pytest.approx(
+            1 + sum(bucket["acceptance_per_position"]), rel=1e-6
+        )
+    assert record["settings"]["context_lengths"] == lengths
+    assert result.metrics["context_lengths"] == lengths
+    assert result.metrics["context_acceptance_length"] == [b["acceptance_length"] for b in buckets]
+    print("acceptance by context length:", {b["context_length"]: round(b["acceptance_length"], 3) for b in buckets},
+          "drafts:", {b["context_length"]: b["drafts"] for b in buckets})  # fmt: skip
