@@ -154,3 +154,42 @@ def test_evaluate_measures_each_context_length_on_the_candidate_server(tmp_path,
     assert result.metrics["context_acceptance_length"] == [b["acceptance_length"] for b in buckets]
     print("acceptance by context length:", {b["context_length"]: round(b["acceptance_length"], 3) for b in buckets},
           "drafts:", {b["context_length"]: b["drafts"] for b in buckets})  # fmt: skip
+
+
+def test_evaluation_context_lengths_reach_eagle3_evaluate():
+    """The CRD's evaluation.contextLengths are what `eagle3 evaluate`'s own parser reads from the
+    planned command; unset, the command asks for none."""
+    import yaml
+    from eagle3_operator.api.draft_training import DraftTraining
+
+    from eagle3_runtime import stage_plan
+    from tests.pipeline.test_stage_plan import TINY_CPU, _Anywhere
+
+    unset = yaml.safe_load(TINY_CPU.read_text())
+    asked = yaml.safe_load(TINY_CPU.read_text())
+    asked["spec"]["evaluation"] = {"contextLengths": [256, 512], "contextPrompts": 2}
+    for body, expected in ((asked, ([256, 512], 2)), (unset, ([], 4))):
+        argv = stage_plan.stage_argv(DraftTraining.model_validate(body), "evaluate", _Anywhere(), step=10)
+        args = build_parser(argv).parse_args(argv)
+        assert (args.context_lengths, args.context_prompts) == expected
+
+
+def test_report_tables_the_selected_checkpoints_acceptance_per_context_length(tmp_path):
+    from eagle3_runtime.layout import Workspace
+    from tests.pipeline.test_report import _report
+
+    workspace = Workspace(tmp_path)
+    workspace.evaluations_dir.mkdir(parents=True)
+    evaluation = {
+        "step": 37, "acceptance_length": 2.5, "acceptance_per_position": [0.7, 0.5], "tokens_per_second": 90.0,
+        "per_domain": {"code": {"acceptance_length": 2.5, "prompts": 8}},
+        "acceptance_by_context_length": [
+            {"context_length": 1024, "acceptance_length": 2.4, "drafts": 300.0, "prompts": 4},
+            {"context_length": 8192, "prompts": 0, "unfilled": "the evaluation prompts make at most 5000 tokens"},
+        ],
+    }  # fmt: skip
+    workspace.evaluation_file(37).write_text(json.dumps(evaluation))
+    workspace.selection_file.write_text(json.dumps({"step": 37}))
+    report = _report(tmp_path, steps=37)
+    assert "| 1024 | 2.400 | 300 | 4 |" in report
+    assert "| 8192 | not measured: the evaluation prompts make at most 5000 tokens | - | 0 |" in report
