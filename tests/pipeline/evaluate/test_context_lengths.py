@@ -2,10 +2,9 @@
 
 Prompt building runs on the tiny target's own tokenizer and chat template (exact token counts,
 BOS kept, the question last, buckets that differ only in how much context precedes it, a bucket
-the prompts cannot fill reported as such). The measurement runs on real vLLM (CPU build): one
-server with the tiny target and an untrained draft (only that every bucket is really served and
-its counters move matters here; the figures say nothing about long-context drafts), two small
-buckets, two prompts each.
+the prompts cannot fill reported as such). The measurement on real vLLM (CPU build) shares the
+candidate server of test_baseline.py's adjacent evaluation (a vLLM start costs more than all of
+its measurements): two small buckets, two prompts each.
 """
 
 from __future__ import annotations
@@ -16,14 +15,11 @@ import pytest
 
 from eagle3_runtime.cli import build_parser
 from eagle3_runtime.conversations import load_tokenizer
-from eagle3_runtime.evaluate.config import EvaluateConfig, speculative_config
+from eagle3_runtime.evaluate.config import EvaluateConfig
 from eagle3_runtime.evaluate.context_lengths import build_buckets, cut_from_front, join_user_runs
 from eagle3_runtime.evaluate.evaluations import context_metrics
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.prompt_sources import SourceSpec, load_prompts
-from eagle3_runtime.stages import evaluate
-from tests.runtime.test_vllm_acceptance import untrained_draft
-from tests.support.vllm_server import running_vllm
 
 K = 3
 
@@ -122,38 +118,6 @@ def test_stage_metrics_list_measured_and_unfilled_lengths():
         "context_lengths_unfilled": [4096],
     }
     assert context_metrics([]) == {}
-
-
-@pytest.mark.slow
-def test_evaluate_measures_each_context_length_on_the_candidate_server(tmp_path, tiny_target, eval_prompts):
-    draft = untrained_draft(tiny_target, tmp_path / "draft")
-    lengths = [256, 512]
-    with running_vllm(
-        tiny_target, tmp_path, served_model_name="tiny", speculative_config=speculative_config(draft, K)
-    ) as server:
-        argv = ["evaluate", "--workspace", str(tmp_path / "ws"), "--target", str(tiny_target),
-                "--checkpoint", str(draft), "--prompts", str(eval_prompts / "chat-complete.jsonl"),
-                "--prompts", str(eval_prompts / "chat-continue.jsonl"),
-                "--num-speculative-tokens", str(K), "--prompts-per-domain", "2", "--max-tokens", "16",
-                "--server", server.url, "--context-lengths", *map(str, lengths), "--context-prompts", "2"]  # fmt: skip
-        result = evaluate.run(build_parser(argv).parse_args(argv))
-    record = json.loads((tmp_path / "ws" / result.artifacts["evaluation"]).read_text())
-    buckets = record["acceptance_by_context_length"]
-    assert [b["context_length"] for b in buckets] == lengths
-    for bucket in buckets:
-        # The server counted exactly N prompt tokens for every request (checked as they ran).
-        assert bucket["prompts"] == 2 and bucket["tokens"] > 0
-        assert bucket["drafts"] > 0, bucket
-        assert 1.0 <= bucket["acceptance_length"] <= 1 + K
-        assert len(bucket["acceptance_per_position"]) == K
-        assert bucket["acceptance_length"] == pytest.approx(
-            1 + sum(bucket["acceptance_per_position"]), rel=1e-6
-        )
-    assert record["settings"]["context_lengths"] == lengths
-    assert result.metrics["context_lengths"] == lengths
-    assert result.metrics["context_acceptance_length"] == [b["acceptance_length"] for b in buckets]
-    print("acceptance by context length:", {b["context_length"]: round(b["acceptance_length"], 3) for b in buckets},
-          "drafts:", {b["context_length"]: b["drafts"] for b in buckets})  # fmt: skip
 
 
 def test_evaluation_context_lengths_reach_eagle3_evaluate():
