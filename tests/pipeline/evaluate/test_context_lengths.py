@@ -9,8 +9,6 @@ its measurements): two small buckets, two prompts each.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from eagle3_runtime.cli import build_parser
@@ -136,24 +134,3 @@ def test_evaluation_context_lengths_reach_eagle3_evaluate():
         argv = stage_plan.stage_argv(DraftTraining.model_validate(body), "evaluate", _Anywhere(), step=10)
         args = build_parser(argv).parse_args(argv)
         assert (args.context_lengths, args.context_prompts) == expected
-
-
-def test_report_tables_the_selected_checkpoints_acceptance_per_context_length(tmp_path):
-    from eagle3_runtime.layout import Workspace
-    from tests.pipeline.test_report import _report
-
-    workspace = Workspace(tmp_path)
-    workspace.evaluations_dir.mkdir(parents=True)
-    evaluation = {
-        "step": 37, "acceptance_length": 2.5, "acceptance_per_position": [0.7, 0.5], "tokens_per_second": 90.0,
-        "per_domain": {"code": {"acceptance_length": 2.5, "prompts": 8}},
-        "acceptance_by_context_length": [
-            {"context_length": 1024, "acceptance_length": 2.4, "drafts": 300.0, "prompts": 4},
-            {"context_length": 8192, "prompts": 0, "unfilled": "the evaluation prompts make at most 5000 tokens"},
-        ],
-    }  # fmt: skip
-    workspace.evaluation_file(37).write_text(json.dumps(evaluation))
-    workspace.selection_file.write_text(json.dumps({"step": 37}))
-    report = _report(tmp_path, steps=37)
-    assert "| 1024 | 2.400 | 300 | 4 |" in report
-    assert "| 8192 | not measured: the evaluation prompts make at most 5000 tokens | - | 0 |" in report
