@@ -221,6 +221,9 @@ def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
     ]  # fmt: skip
     if spec.target.max_model_len:
         argv += ["--max-model-len", str(spec.target.max_model_len)]
+    if evaluation.context_lengths:
+        argv += ["--context-lengths", *map(str, evaluation.context_lengths)]
+        argv += ["--context-prompts", str(evaluation.context_prompts)]
     return argv
 
 

@@ -11,6 +11,7 @@ import httpx
 
 from eagle3_runtime.evaluate.baseline import BASELINE_LOG, cached_baseline
 from eagle3_runtime.evaluate.config import SERVED_NAME, EvaluateConfig, target_server
+from eagle3_runtime.evaluate.context_lengths import ContextBucket, evaluation_buckets, measure_buckets
 from eagle3_runtime.evaluate.rounds import (
     BASELINE,
     CANDIDATE,
@@ -58,31 +59,47 @@ def _alternate(config: EvaluateConfig, domains: dict, urls: dict[str, str], mode
     return [_round(config, side, urls[side], models[side], domains) for side in abba_order(config.rounds)]
 
 
+def _contexts(config: EvaluateConfig, buckets: list[ContextBucket], url: str, model: str) -> list[dict]:
+    """The context-length buckets measured on the candidate server (none when none were asked for)."""
+    if not buckets:
+        return []
+    return measure_buckets(
+        url, model, buckets, max_tokens=config.max_tokens, concurrency=config.concurrency,
+        num_speculative_tokens=config.num_speculative_tokens,
+    )  # fmt: skip
+
+
 def _measure_rounds(
-    config: EvaluateConfig, domains: dict, served: Path | None, draft_name: str
-) -> tuple[list[Round], str]:
-    """(rounds, baseline mode): the candidate and, unless the baseline is cached, the baseline."""
+    config: EvaluateConfig, domains: dict, served: Path | None, draft_name: str, buckets: list[ContextBucket]
+) -> tuple[list[Round], str, list[dict]]:
+    """(rounds, baseline mode, context-length buckets): the candidate and, unless the baseline is
+    cached, the baseline; the buckets on the candidate's server after its rounds."""
     candidate_log = f"evaluate-{draft_name}-vllm"
     if config.server:
         urls = {CANDIDATE: config.server}
         if config.baseline_server:
             urls[BASELINE] = config.baseline_server
             models = {side: _served_model(url) for side, url in urls.items()}
-            return _alternate(config, domains, urls, models), "interleaved"
-        return [_round(config, CANDIDATE, config.server, _served_model(config.server), domains)], "cached"
+            rounds = _alternate(config, domains, urls, models)
+            return rounds, "interleaved", _contexts(config, buckets, config.server, models[CANDIDATE])
+        model = _served_model(config.server)
+        rounds = [_round(config, CANDIDATE, config.server, model, domains)]
+        return rounds, "cached", _contexts(config, buckets, config.server, model)
     if config.baseline == "interleaved":
         with (
             target_server(config, candidate_log, served) as candidate,
             target_server(config, BASELINE_LOG, None) as base,
         ):
             urls = {CANDIDATE: candidate.url, BASELINE: base.url}
-            return _alternate(config, domains, urls, dict.fromkeys(urls, SERVED_NAME)), "interleaved"
+            rounds = _alternate(config, domains, urls, dict.fromkeys(urls, SERVED_NAME))
+            return rounds, "interleaved", _contexts(config, buckets, candidate.url, SERVED_NAME)
     with target_server(config, candidate_log, served) as candidate:
         rounds = [_round(config, CANDIDATE, candidate.url, SERVED_NAME, domains)]
+        contexts = _contexts(config, buckets, candidate.url, SERVED_NAME)
     if config.baseline == "adjacent":
         with target_server(config, BASELINE_LOG, None) as base:
             rounds.append(_round(config, BASELINE, base.url, SERVED_NAME, domains))
-    return rounds, config.baseline
+    return rounds, config.baseline, contexts
 
 
 def evaluate_checkpoint(config: EvaluateConfig) -> dict:
@@ -92,13 +109,14 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
     if output.exists():
         return json.loads(output.read_text())
     domains = prompt_domains(config.prompts, config.prompts_per_domain)
+    buckets = evaluation_buckets(config)  # before any server starts: a bad prompt set fails fast
     served = None
     if not config.server:
         # Serve what would be deployed: the checkpoint exported in the serving dtype.
         served = workspace.root / ".evaluate" / draft.name if step is not None else draft
         if step is not None:
             copy_draft_dir(draft, served)
-    rounds, baseline_mode = _measure_rounds(config, domains, served, draft.name)
+    rounds, baseline_mode, contexts = _measure_rounds(config, domains, served, draft.name, buckets)
     candidate_rounds = [r for r in rounds if r.side == CANDIDATE]
     measured = summarise(pooled(candidate_rounds), config.num_speculative_tokens)
     if not measured["drafts"]:
@@ -118,6 +136,8 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
         "concurrency": config.concurrency,
         "temperature": 0.0,
         "prompts_per_domain": config.prompts_per_domain,
+        "context_lengths": config.context_lengths,
+        "context_prompts": config.context_prompts,
     }
     evaluation = {
         **measured,
@@ -131,6 +151,7 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
         "baseline_mode": baseline_mode if baseline else None,
         "baseline_measured_at": baseline.get("measured_at") if baseline else None,
         "speedup": speedup,
+        "acceptance_by_context_length": contexts,
         "rounds": [r.record() for r in rounds],
         "settings": settings,
         "file": str(output.relative_to(workspace.root)),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_runtime.prompt_sources import SourceSpec
@@ -28,8 +28,14 @@ class EvaluateConfig:
     max_tokens: int
     concurrency: int
     max_model_len: int
+    # Prompt lengths (tokens) whose acceptance is measured apart (evaluate/context_lengths.py).
+    context_lengths: list[int] = field(default_factory=list)
+    context_prompts: int = 4  # prompts per context length
 
     def __post_init__(self) -> None:
+        check_context_lengths(self.context_lengths, self.max_tokens, self.max_model_len)
+        if self.context_prompts < 1:
+            raise ValueError(f"--context-prompts {self.context_prompts}: must be at least 1")
         if self.rounds < 1:
             raise ValueError(f"--rounds {self.rounds}: must be at least 1")
         both_up = self.baseline_server if self.server else self.baseline == "interleaved"
@@ -38,6 +44,21 @@ class EvaluateConfig:
                 f"--rounds {self.rounds} alternates candidate and baseline, so both servers must be up: "
                 "use --baseline interleaved (or --server with --baseline-server)"
             )
+
+
+def check_context_lengths(context_lengths: list[int], max_tokens: int, max_model_len: int) -> None:
+    """Context lengths must ascend, and the longest prompt plus its answer must fit the context the
+    target is served with."""
+    if any(n < 1 for n in context_lengths) or context_lengths != sorted(set(context_lengths)):
+        raise ValueError(
+            f"--context-lengths {context_lengths}: give positive token counts in ascending order"
+        )
+    if context_lengths and context_lengths[-1] + max_tokens > max_model_len:
+        raise ValueError(
+            f"--context-lengths {context_lengths[-1]}: a prompt of {context_lengths[-1]} tokens plus "
+            f"--max-tokens {max_tokens} does not fit --max-model-len {max_model_len}, the context the target "
+            "is served with (raise it up to what the target allows, or measure shorter contexts)"
+        )
 
 
 def add_prompts_argument(parser: argparse.ArgumentParser) -> None:

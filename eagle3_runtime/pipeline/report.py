@@ -127,6 +127,22 @@ def write_report(workspace: Workspace, training: DraftTraining) -> Path:
         ]
         for domain, numbers in sorted(best["per_domain"].items()):
             lines.append(f"| {domain} | {_fmt(numbers['acceptance_length'])} | {numbers['prompts']} |")
+    if best and best.get("acceptance_by_context_length"):
+        lines += [
+            "",
+            f"Selected step {best['step']}, per context length (prompts of exactly that many tokens):",
+            "",
+            "| context length | acceptance length | drafts | prompts |",
+            "| --- | --- | --- | --- |",
+        ]
+        for bucket in best["acceptance_by_context_length"]:
+            if bucket.get("unfilled"):
+                lines.append(f"| {bucket['context_length']} | not measured: {bucket['unfilled']} | - | 0 |")
+                continue
+            lines.append(
+                f"| {bucket['context_length']} | {_fmt(bucket['acceptance_length'])} | {bucket['drafts']:.0f} "
+                f"| {bucket['prompts']} |"
+            )
     if best and best.get("baseline_tokens_per_second"):
         when = (
             f", {best['baseline_mode']}, measured {best['baseline_measured_at']}"

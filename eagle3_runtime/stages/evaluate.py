@@ -11,6 +11,8 @@ With `--server` it measures that running server, which must already serve the ta
 draft; with `--baseline-server` too, the rounds alternate between the two in ABBA order;
 without it, the speedup uses the cached baseline if there is one.
 The result records when and under what load average each side was measured.
+`--context-lengths` also measures acceptance on prompts of exactly those many tokens, bucket by
+bucket on the candidate's server (eagle3_runtime/evaluate/context_lengths.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
 from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig, add_prompts_argument
+from eagle3_runtime.evaluate.evaluations import context_metrics
 from eagle3_runtime.layout import StageResult
 
 
@@ -52,6 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument(
+        "--context-lengths",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="TOKENS",
+        help="also measure acceptance on prompts of exactly these many tokens (ascending; each plus "
+        "--max-tokens within --max-model-len), built from the evaluation prompts",
+    )
+    parser.add_argument("--context-prompts", type=int, default=4, help="prompts per context length")
 
 
 def evaluation_result(evaluation: dict) -> StageResult:
@@ -64,6 +77,7 @@ def evaluation_result(evaluation: dict) -> StageResult:
             "acceptance_per_position": evaluation["acceptance_per_position"],
             "tokens_per_second": evaluation["tokens_per_second"],
             "speedup": evaluation["speedup"],
+            **context_metrics(evaluation.get("acceptance_by_context_length") or []),
         },
         artifacts={"evaluation": evaluation["file"]},
     )

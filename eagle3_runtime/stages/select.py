@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eagle3_runtime.evaluate.evaluations import select_best
+from eagle3_runtime.evaluate.evaluations import context_metrics, select_best
 from eagle3_runtime.layout import StageResult, Workspace
 
 
@@ -18,6 +18,10 @@ def run(args: argparse.Namespace) -> StageResult:
     return StageResult(
         stage="select",
         message=f"step {selection['step']} of {evaluated} evaluated checkpoints",
-        metrics={"step": selection["step"], "acceptance_length": selection["acceptance_length"]},
+        metrics={
+            "step": selection["step"],
+            "acceptance_length": selection["acceptance_length"],
+            **context_metrics(selection.get("acceptance_by_context_length") or []),
+        },
         artifacts={"selection": "selection.json"},
     )

@@ -52,6 +52,12 @@ TRAINING_BEST_ACCEPTANCE = Gauge(
     "Best measured mean acceptance length among evaluated checkpoints.",
     TRAINING_LABELS,
 )
+TRAINING_BEST_ACCEPTANCE_BY_CONTEXT = Gauge(
+    "eagle3_draft_training_best_acceptance_length_by_context_length",
+    "Mean acceptance length of the selected checkpoint on prompts of context_length tokens "
+    "(evaluation.contextLengths).",
+    [*TRAINING_LABELS, "context_length"],
+)
 TRAINING_LAST_PROGRESS = Gauge(
     "eagle3_draft_training_last_progress_timestamp_seconds",
     "Unix time of the latest progress record of a running DraftTraining.",
@@ -203,6 +209,18 @@ def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
     ):
         if value is not None:
             gauge.labels(*labels).set(float(value))
+    _forget_context_lengths(namespace, name)
+    for bucket in (status.get("bestCheckpoint") or {}).get("acceptanceByContextLength") or []:
+        if bucket.get("acceptanceLength") is not None:
+            TRAINING_BEST_ACCEPTANCE_BY_CONTEXT.labels(*labels, str(bucket["contextLength"])).set(
+                bucket["acceptanceLength"]
+            )
+
+
+def _forget_context_lengths(namespace: str, name: str) -> None:
+    for labels in list(TRAINING_BEST_ACCEPTANCE_BY_CONTEXT._metrics):  # noqa: SLF001 - this object's series
+        if labels[:2] == (namespace, name):
+            TRAINING_BEST_ACCEPTANCE_BY_CONTEXT.remove(*labels)
 
 
 def _set_training_phase(namespace: str, name: str, phase: str | None) -> None:
@@ -216,6 +234,7 @@ def _set_training_phase(namespace: str, name: str, phase: str | None) -> None:
 def forget_training(namespace: str, name: str) -> None:
     PHASES.set("DraftTraining", namespace, name, None)
     _set_training_phase(namespace, name, None)
+    _forget_context_lengths(namespace, name)
     for gauge in _TRAINING_GAUGES:
         with suppress(KeyError):
             gauge.remove(namespace, name)

@@ -63,7 +63,10 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
         assert all(s["state"] == "Succeeded" for s in status["stages"])
         assert [c["step"] for c in status["checkpoints"]] == [20, 40]
         best = fakes.acceptance_at(TRAINING_STEPS, TRAINING_STEPS)
-        assert status["bestCheckpoint"] == {"step": TRAINING_STEPS, "acceptanceLength": best}
+        chosen = status["bestCheckpoint"]
+        assert (chosen["step"], chosen["acceptanceLength"]) == (TRAINING_STEPS, best)
+        lengths = [c["contextLength"] for c in chosen["acceptanceByContextLength"]]
+        assert lengths == fakes.CONTEXT_LENGTHS + fakes.UNFILLED_CONTEXT_LENGTHS
 
         def available() -> dict[str, Any] | None:
             body = get(cluster, spec_decode_path(work, "serve")) or {}
@@ -101,5 +104,13 @@ def test_operator_runs_a_training_and_a_deployment_with_the_charts_rbac(mode, cl
             f'eagle3_draft_training_best_acceptance_length{{name="train",namespace="{work}"}} {best}'
             in metrics
         )
+        # One series per measured context length (the dashboard's bars); none for the unfilled one.
+        by_context_series = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("eagle3_draft_training_best_acceptance_length_by_context_length{")
+            and f'namespace="{work}"' in line
+        ]
+        assert sorted(re.findall(r'context_length="(\d+)"', "\n".join(by_context_series))) == ["1024", "2048"]
         refused = [line for line in inst.operator.log_path.read_text().splitlines() if REFUSED.search(line)]
         assert not refused, "the operator was refused:\n" + "\n".join(refused[:20])

@@ -99,6 +99,21 @@ def acceptance_at(step: int, total_steps: int) -> float:
     return round(2.0 + 0.4 * step / total_steps, 6)
 
 
+# evaluation.contextLengths: acceptance falls a little with the context; the longest bucket is unfilled.
+CONTEXT_LENGTHS, UNFILLED_CONTEXT_LENGTHS = [1024, 2048], [4096]
+
+
+def context_metrics(step: int, total_steps: int) -> dict[str, list[float]]:
+    return {
+        "context_lengths": CONTEXT_LENGTHS,
+        "context_acceptance_length": [
+            round(acceptance_at(step, total_steps) - 0.05 * i, 6) for i in range(2)
+        ],
+        "context_drafts": [300.0, 280.0],
+        "context_lengths_unfilled": UNFILLED_CONTEXT_LENGTHS,
+    }
+
+
 def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any]:
     """The metrics of the stage Job `job` (an evaluate Job's name ends in its step)."""
     if stage == "generate":
@@ -122,9 +137,14 @@ def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any
             "acceptance_per_position": [0.6, 0.4],
             "tokens_per_second": 120.0,
             "speedup": 1.8,
+            **context_metrics(step, total_steps),
         }
     if stage == "select":
-        return {"step": total_steps, "acceptance_length": acceptance_at(total_steps, total_steps)}
+        return {
+            "step": total_steps,
+            "acceptance_length": acceptance_at(total_steps, total_steps),
+            **context_metrics(total_steps, total_steps),
+        }
     if stage == "sweep":
         return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
                 "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip

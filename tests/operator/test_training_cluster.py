@@ -83,7 +83,14 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
 
     body = wait_for_phase(cluster, ns, "llama", "Succeeded")
     status = body["status"]
-    assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
+    best = status["bestCheckpoint"]
+    assert (best["step"], best["acceptanceLength"]) == (100, 2.4)
+    # The status schema keeps the per-context-length records (the API server prunes unknown fields).
+    assert best["acceptanceByContextLength"] == [
+        {"contextLength": 1024, "acceptanceLength": 2.4, "drafts": 300},
+        {"contextLength": 2048, "acceptanceLength": 2.35, "drafts": 280},
+        {"contextLength": 4096},
+    ]
     assert [c["step"] for c in status["checkpoints"]] == [50, 100]
     assert status["checkpoints"][0]["acceptancePerPosition"] == [0.6, 0.4]
     uid = body["metadata"]["uid"]
@@ -118,6 +125,9 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
     assert reasons.count("TrainingSucceeded") == 1 and "TargetScaledDown" in reasons
 
     assert operator.metric("eagle3_draft_training_best_acceptance_length", namespace=ns, name="llama") == 2.4
+    by_context = {n: operator.metric("eagle3_draft_training_best_acceptance_length_by_context_length",
+                                     namespace=ns, name="llama", context_length=n) for n in ("1024", "2048", "4096")}  # fmt: skip
+    assert by_context == {"1024": 2.4, "2048": 2.35, "4096": 0}, by_context  # 4096 was unfilled: no series
     assert (
         operator.metric("eagle3_operator_resources", kind="DraftTraining", namespace=ns, phase="Succeeded")
         == 1

@@ -174,7 +174,16 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
         }
         for step, length in ((50, 2.2), (100, 2.4))
     ]
-    assert status["bestCheckpoint"] == {"step": 100, "acceptanceLength": 2.4}
+    # select's flat per-context-length lists become typed records; an unfilled length has no figures.
+    assert status["bestCheckpoint"] == {
+        "step": 100,
+        "acceptanceLength": 2.4,
+        "acceptanceByContextLength": [
+            {"contextLength": 1024, "acceptanceLength": 2.4, "drafts": 300.0},
+            {"contextLength": 2048, "acceptanceLength": 2.35, "drafts": 280.0},
+            {"contextLength": 4096},
+        ],
+    }
     assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-abababababababab"
     assert status["export"]["digest"] == "sha256:" + "ab" * 32
     assert _condition(status, "Ready")["status"] == "True"

@@ -40,6 +40,7 @@ def _sdd(**changes: Any) -> dict[str, Any]:
 
 
 _DROP = object()
+CONTEXT = {"spec.target.maxModelLen": 8448}  # room for 8192-token prompts and their answers
 INVALID = [
     # (case id, object, text the refusal must contain: the field, and for CEL rules the message)
     ("dt-no-data", _dt(**{"spec.data": _DROP}), "spec.data: Required value"),
@@ -96,6 +97,21 @@ INVALID = [
      "spec.draft.speculationSchedule[0]"),
     ("dt-sweep-kmax", _dt(**{"spec.evaluation": {"sweep": {"maxSpeculativeTokens": 0}}}),
      "spec.evaluation.sweep.maxSpeculativeTokens"),
+    # evaluation.contextLengths: positive, ascending, no repeats, each plus maxTokens within target.maxModelLen.
+    ("dt-context-descending", _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [2048, 1024]}}),
+     "contextLengths must be in ascending order"),
+    ("dt-context-repeated", _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [1024, 1024]}}),
+     "spec.evaluation.contextLengths[1]: Duplicate value"),
+    ("dt-context-zero", _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [0, 1024]}}),
+     "spec.evaluation.contextLengths[0]"),
+    ("dt-context-no-max-model-len", _dt(**{"spec.evaluation": {"contextLengths": [1024]}}),
+     "evaluation.contextLengths needs target.maxModelLen"),
+    # 8192 + the default maxTokens 128 > 8256; with maxModelLen 8448 the answer must stay within 256.
+    ("dt-context-over-the-context", _dt(**{"spec.target.maxModelLen": 8256, "spec.evaluation": {"contextLengths": [8192]}}),
+     "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen"),
+    ("dt-context-answer-over-the-context",
+     _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [1024, 8192], "maxTokens": 512}}),
+     "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen"),
 ]  # fmt: skip
 
 
@@ -117,6 +133,15 @@ def test_valid_objects_are_accepted_with_defaults(crds: LocalCluster, namespace:
     )
     sdd = crds.request("POST", spec_decode_path(namespace), _sdd(**{"metadata.name": "ok"}))
     assert sdd["spec"]["replicas"] == 1 and sdd["spec"]["monitoring"]["serviceMonitor"] is True
+
+
+def test_ascending_context_lengths_within_the_context_are_accepted(crds: LocalCluster, namespace: str):
+    body = _dt(
+        **CONTEXT,
+        **{"metadata.name": "long", "spec.evaluation": {"contextLengths": [1024, 2048, 4096, 8192]}},
+    )
+    evaluation = crds.request("POST", draft_training_path(namespace), body)["spec"]["evaluation"]
+    assert evaluation["contextLengths"] == [1024, 2048, 4096, 8192] and evaluation["contextPrompts"] == 4
 
 
 def test_auto_speculation_and_extra_speculative_config_keys_are_kept(crds: LocalCluster, namespace: str):

@@ -311,6 +311,21 @@ class EvaluationSpec(ApiModel):
     min_acceptance_length: Annotated[float, Field(ge=1, le=17)] | None = Field(
         None, description="Fail the training when the best measured mean acceptance length is below this."
     )
+    context_lengths: (
+        Annotated[list[Annotated[int, Field(ge=1, le=10_000_000)]], Field(min_length=1, max_length=16)] | None
+    ) = Field(
+        None,
+        description="Also measure acceptance on prompts of exactly these many tokens (ascending, e.g. 1024, 2048, "
+        "4096, 8192): the evaluation prompts as one long conversation, cut from the front. Each plus maxTokens "
+        "must fit target.maxModelLen. Not measured when unset: long prompts multiply every evaluation's time.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "set",
+            "x-kubernetes-validations": [cel("self.isSorted()", "contextLengths must be in ascending order")],
+        },
+    )
+    context_prompts: Annotated[int, Field(ge=1, le=1024)] = Field(
+        4, description="Prompts measured per context length."
+    )
     sweep: SweepSpec | None = Field(
         None,
         description="Sweep the selected checkpoint over K and concurrency (a stage between select and "
@@ -363,6 +378,17 @@ class DraftTrainingSpec(ApiModel):
                     "self.storage.accessModes.exists(m, m == 'ReadWriteMany')",
                     "storage.accessModes must include ReadWriteMany when training.nodes > 1",
                     field_path=".storage.accessModes",
+                ),
+                cel(
+                    "!has(self.evaluation.contextLengths) || has(self.target.maxModelLen)",
+                    "evaluation.contextLengths needs target.maxModelLen, the context the target is evaluated with",
+                    field_path=".evaluation.contextLengths",
+                ),
+                cel(
+                    "!has(self.evaluation.contextLengths) || !has(self.target.maxModelLen) || "
+                    "self.evaluation.contextLengths.max() + self.evaluation.maxTokens <= self.target.maxModelLen",
+                    "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen",
+                    field_path=".evaluation.contextLengths",
                 ),
                 cel(
                     "!has(self.export.path) || has(self.export.claimName)",
@@ -448,11 +474,26 @@ class CheckpointEvaluation(ApiModel):
     speedup: float | None = Field(None, description="Throughput relative to the target alone.")
 
 
+class ContextLengthAcceptance(ApiModel):
+    """Measured acceptance on prompts of one length (evaluation.contextLengths)."""
+
+    context_length: int = Field(description="Prompt length in tokens.")
+    acceptance_length: float | None = Field(
+        None,
+        description="Mean acceptance length on those prompts; absent when the evaluation prompts could not fill "
+        "prompts this long (the evaluation's file says how long they reached).",
+    )
+    drafts: float | None = Field(None, description="Speculative drafts it was measured over.")
+
+
 class BestCheckpoint(ApiModel):
     """The selected checkpoint."""
 
     step: int = Field(description="Checkpoint step.")
     acceptance_length: float | None = Field(None, description="Its measured mean acceptance length.")
+    acceptance_by_context_length: Annotated[list[ContextLengthAcceptance], Field(max_length=16)] = Field(
+        default_factory=list, description="Its acceptance per evaluation.contextLengths entry."
+    )
 
 
 class ExportedDraft(ApiModel):

@@ -526,7 +526,18 @@ class TrainingPlanner:
             updates["checkpoints"] = sorted(evaluations, key=lambda e: e["step"])
             metrics = {"checkpoints": len(evaluations)}
         if stage == "select":
-            best = {"step": int(metrics["step"]), "acceptanceLength": metrics.get("acceptance_length")}
+            by_context = [
+                {"contextLength": n, "acceptanceLength": length, "drafts": drafts}
+                for n, length, drafts in zip(
+                    metrics.get("context_lengths", []), metrics.get("context_acceptance_length", []),
+                    metrics.get("context_drafts", []), strict=True,
+                )
+            ] + [{"contextLength": n} for n in metrics.get("context_lengths_unfilled", [])]  # fmt: skip
+            best = {
+                "step": int(metrics["step"]),
+                "acceptanceLength": metrics.get("acceptance_length"),
+                "acceptanceByContextLength": sorted(by_context, key=lambda c: c["contextLength"]) or None,
+            }
             updates["bestCheckpoint"] = {k: v for k, v in best.items() if v is not None}
         if stage == "sweep":
             updates["sweep"] = _sweep_result(metrics)

@@ -1,8 +1,11 @@
 """`eagle3 evaluate`'s baseline: measured next to the candidate, rounds in ABBA order, and the
 result says when and under what load each side ran (a speedup compares like with like).
 
-The real-vLLM test has `evaluate` serve the tiny target twice, side by side: with an untrained
-draft (acceptance does not matter here, only that speculation runs) and without speculation.
+The real-vLLM tests have `evaluate` serve the tiny target twice, with an untrained draft
+(acceptance does not matter here, only that speculation runs) and without speculation: side by
+side, and one after the other. The adjacent run also measures two context lengths on the
+candidate's server (`--context-lengths`, its prompt building is tested in test_context_lengths.py):
+a vLLM start costs more than all of its measurements.
 """
 
 from __future__ import annotations
@@ -80,9 +83,20 @@ def test_interleaved_rounds_record_when_and_under_what_load(tmp_path, tiny_targe
     )
 
 
+CONTEXT_LENGTHS = [256, 512]
+
+
+@pytest.fixture(scope="module")
+def adjacent(tmp_path_factory, tiny_target):
+    """(directory, result, evaluation) of an adjacent evaluation (the default) with context lengths."""
+    tmp_path = tmp_path_factory.mktemp("adjacent")
+    lengths = ["--context-lengths", *map(str, CONTEXT_LENGTHS), "--context-prompts", "2"]
+    return tmp_path, *_evaluate_tiny(tmp_path, tiny_target, *lengths)
+
+
 @pytest.mark.slow
-def test_adjacent_baseline_runs_one_server_at_a_time(tmp_path, tiny_target):
-    result, evaluation = _evaluate_tiny(tmp_path, tiny_target)  # --baseline adjacent is the default
+def test_adjacent_baseline_runs_one_server_at_a_time(adjacent):
+    tmp_path, result, evaluation = adjacent
     candidate, baseline = evaluation["rounds"]
     assert (candidate["side"], baseline["side"]) == (CANDIDATE, BASELINE)
     assert evaluation["baseline_mode"] == "adjacent"
@@ -95,3 +109,23 @@ def test_adjacent_baseline_runs_one_server_at_a_time(tmp_path, tiny_target):
     assert result.metrics["speedup"] == pytest.approx(
         evaluation["tokens_per_second"] / evaluation["baseline_tokens_per_second"], rel=0.02
     )
+
+
+@pytest.mark.slow
+def test_each_context_length_is_measured_on_the_candidate_server(adjacent):
+    _, result, evaluation = adjacent
+    buckets = evaluation["acceptance_by_context_length"]
+    assert [b["context_length"] for b in buckets] == CONTEXT_LENGTHS
+    k = evaluation["num_speculative_tokens"]
+    for bucket in buckets:
+        # The server counted exactly N prompt tokens for every request (checked as they ran).
+        assert bucket["prompts"] == 2 and bucket["tokens"] > 0 and bucket["drafts"] > 0, bucket
+        assert 1.0 <= bucket["acceptance_length"] <= 1 + k and len(bucket["acceptance_per_position"]) == k
+        assert bucket["acceptance_length"] == pytest.approx(
+            1 + sum(bucket["acceptance_per_position"]), rel=1e-6
+        )
+    assert evaluation["settings"]["context_lengths"] == CONTEXT_LENGTHS
+    assert result.metrics["context_lengths"] == CONTEXT_LENGTHS
+    assert result.metrics["context_acceptance_length"] == [b["acceptance_length"] for b in buckets]
+    print("acceptance by context length:", {b["context_length"]: round(b["acceptance_length"], 3) for b in buckets},
+          "drafts:", {b["context_length"]: b["drafts"] for b in buckets})  # fmt: skip
