@@ -250,29 +250,40 @@ def check_rules_and_dashboards(
         assert prom.label_values(parsed["label"], parsed["match"]), f"{dash}: variable {name} has no values"
 
 
-def raw_increase(prom: Prometheus, metric: str, selector: str, window_s: int, at: float) -> float:
-    """last - first of the raw samples Prometheus holds for the window ending at `at`."""
+def raw_samples(prom: Prometheus, metric: str, selector: str, window_s: int, at: float) -> dict[float, float]:
+    """The raw samples (timestamp -> value) Prometheus holds for the window ending at `at`."""
     (series,) = prom.query(f"{metric}{{{selector}}}[{window_s}s]", at=at)
-    values = [float(value) for _, value in series["values"]]
-    assert len(values) >= window_s // 2, f"only {len(values)} samples of {metric} in the window"
-    return values[-1] - values[0]
+    samples = {float(t): float(value) for t, value in series["values"]}
+    assert len(samples) >= window_s // 2, f"only {len(samples)} samples of {metric} in the window"
+    return samples
 
 
 def check_acceptance_length(prom: Prometheus, selector: str, window_s: int) -> tuple[float, float]:
-    """The recorded mean acceptance length against the raw counters of the same window."""
+    """The recorded mean acceptance length against the raw counters of the same window.
+
+    A scrape that began before the rule's evaluation time may be appended after the rule ran: its
+    sample is in the window when queried now but was not when the rule was evaluated. So the rule
+    must equal, exactly, the ratio over the window's samples, or over all of them but the last.
+    """
     record = f"specdecodedeployment:vllm_spec_decode_mean_acceptance_length:rate{window_s}s"
     (series,) = prom.query(f"{record}{{{selector}}}[5s]")
     evaluated_at, recorded = series["values"][-1]
     at = float(evaluated_at)
-    accepted = raw_increase(prom, "vllm:spec_decode_num_accepted_tokens_total", selector, window_s, at)
-    drafts = raw_increase(prom, "vllm:spec_decode_num_drafts_total", selector, window_s, at)
-    assert drafts > 0
-    from_counters = 1 + accepted / drafts
+    accepted = raw_samples(prom, "vllm:spec_decode_num_accepted_tokens_total", selector, window_s, at)
+    drafts = raw_samples(prom, "vllm:spec_decode_num_drafts_total", selector, window_s, at)
+    assert accepted.keys() == drafts.keys(), "one target's scrapes give both counters the same timestamps"
+    stamps = sorted(drafts)
+    candidates = []
+    for last in (stamps[-1], stamps[-2]):
+        delta_drafts = drafts[last] - drafts[stamps[0]]
+        assert delta_drafts > 0
+        candidates.append(1 + (accepted[last] - accepted[stamps[0]]) / delta_drafts)
     print(
-        f"mean acceptance length: recorded {recorded}, from counters 1 + {accepted:g}/{drafts:g} = {from_counters}"
+        f"mean acceptance length: recorded {recorded}, from counters {candidates[0]} (without the last sample {candidates[1]})"
     )
-    assert math.isclose(float(recorded), from_counters, rel_tol=1e-9), (recorded, from_counters)
-    return float(recorded), from_counters
+    matching = [c for c in candidates if math.isclose(float(recorded), c, rel_tol=1e-9)]
+    assert matching, (recorded, candidates)
+    return float(recorded), matching[0]
 
 
 def pod_counter(metrics_text: str, metric: str) -> float:
