@@ -1,7 +1,7 @@
 """One DraftTraining, one stage plan: the stages in order, which checkpoints to evaluate, and each
 stage's `eagle3` command.
 
-The operator's Job builder (eagle3_operator.reconcile.training) and `eagle3 pipeline`
+The operator's Job builder (eagle3_operator.reconcile.training_children) and `eagle3 pipeline`
 (eagle3_runtime.pipeline.runner) both take their commands from here, so a manifest runs the
 same commands in pods and on one machine. Only where things live differs, and a `Locations`
 says it: in a pod, the workspace and the spec's claims are mounted volumes; locally they are

@@ -16,7 +16,6 @@ eagle3_runtime.vllm_server sets it for the local pipeline).
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,6 @@ import pytest
 import yaml
 
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
-from eagle3_runtime.tiny_target import ensure_tiny_target
 from tests.chart.installed import Installation
 from tests.support import realnode
 from tests.support.cluster import REPO_ROOT, LocalCluster, wait_until
@@ -96,13 +94,8 @@ class ServedDraft:
 
 def make_claims(cluster: LocalCluster, namespace: str, data: Path) -> None:
     """The example's prerequisites: `models` holding tiny-target/, `prompts` holding the prompt sets."""
-    models, prompts = data / MODELS_CLAIM, data / PROMPTS_CLAIM
-    models.mkdir(parents=True)
-    shutil.copytree(ensure_tiny_target(), models / "tiny-target")
-    write_prompt_sets(prompts)
-    realnode.readable_by_pods(data)
-    for claim, folder in ((MODELS_CLAIM, models), (PROMPTS_CLAIM, prompts)):
-        cluster.real_node.host_path_claim(cluster, namespace, claim, folder)
+    write_prompt_sets(data / PROMPTS_CLAIM)
+    cluster.real_node.host_folder_claims(cluster, namespace, data, tiny_target=f"{MODELS_CLAIM}/tiny-target")
 
 
 def patched_example(cluster: LocalCluster) -> str:

@@ -24,8 +24,6 @@ counter samples of the same window, and Prometheus' samples equal the pod's own 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
@@ -98,11 +96,9 @@ def test_rules_and_dashboards_answer_from_a_live_vllm_pod_and_operator_pod(clust
     prompts = [text[:400] for text in stdlib_corpus(0.3)[:8]]
     token = most_frequent_output_token(target, prompts, MAX_TOKENS)
     # Each claim's root is a host directory; the pods read the model under it (pvc://CLAIM/model).
-    claims = {"target-model": tmp_path / "target-claim", "draft-model": tmp_path / "draft-claim"}
-    shutil.copytree(target, claims["target-model"] / "model")
-    build_constant_draft(target, claims["draft-model"] / "model", token)
-    for root in claims.values():
-        realnode.readable_by_pods(root)
+    target_claim, draft_claim = "target-model", "draft-model"
+    claims = tmp_path / "claims"
+    build_constant_draft(target, claims / draft_claim / "model", token)
 
     with (
         prometheus_operator_crds(cluster),
@@ -115,9 +111,8 @@ def test_rules_and_dashboards_answer_from_a_live_vllm_pod_and_operator_pod(clust
             operator_in_cluster=True,
         ) as inst,
     ):
-        for claim, root in claims.items():
-            cluster.real_node.host_path_claim(cluster, inst.work, claim, root)
-        cluster.apply(real_node_serving_manifest(*claims), namespace=inst.work)
+        cluster.real_node.host_folder_claims(cluster, inst.work, claims, tiny_target=f"{target_claim}/model")
+        cluster.apply(real_node_serving_manifest(target_claim, draft_claim), namespace=inst.work)
         wait_until(
             lambda: _ready(cluster, inst.work),
             timeout=SERVING_READY_TIMEOUT_S,

@@ -15,11 +15,11 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.reconcile.training import TrainingObserved, TrainingPlanner
+from eagle3_operator.api.draft_training import DraftTraining
+from eagle3_operator.reconcile.training_children import stage_jobs
 from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_runtime.layout import StageResult
@@ -330,17 +330,17 @@ WRITE_PROBE = "/workspace/write-probe"
 
 
 def workspace_write_pod(namespace: str, claim: str, name: str = "write-probe") -> dict[str, Any]:
-    """A pod shaped like the operator's stage pods (the select Job's template, as the planner builds
-    it: security context, workspace mount of `claim`, runtime image) whose command writes to the
-    workspace and prints the file back with the uid and gid that wrote it.
+    """A pod shaped like the operator's stage pods (the select Job's template, as
+    reconcile/training_children.py builds it: security context, workspace mount of `claim`, runtime
+    image) whose command writes to the workspace and prints the file back with the uid and gid that
+    wrote it.
 
     On the real node (tests/support/realnode.py: on_real_node(), a fresh claim of its storage class,
     root-owned like a new disk) it proves that a stage's first write to /workspace succeeds.
     """
     body = training_body(namespace, storage={"existingClaim": claim})
     body["metadata"]["uid"] = "write-probe"
-    planner = TrainingPlanner(body, TrainingObserved(now=datetime.now(UTC)))
-    (job,) = planner.stage_jobs("select", 0)
+    (job,) = stage_jobs(body, DraftTraining.model_validate(body), "select", 0, train_metrics={})
     spec = copy.deepcopy(job["spec"]["template"]["spec"])
     (container,) = spec["containers"]
     script = (

@@ -113,15 +113,11 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
     prompts = [p for p, out in zip(candidates, outputs, strict=True) if accepted_length([out], token) >= 1.5]
     assert len(prompts) >= 2, f"too few prompts after which the target emits {token} often"
     never = next(t for t in range(1, 4096) if t not in emitted)
-    models, drafts = tmp_path / "models", tmp_path / "drafts"
-    shutil.copytree(target, models / "target")
+    drafts = tmp_path / "claims" / "drafts"
     build_constant_draft(target, drafts / "stable", token)
     shutil.copytree(drafts / "stable", drafts / "good")  # the same draft, published again
     build_constant_draft(target, drafts / "bad", never)
-    for root in (models, drafts):
-        realnode.readable_by_pods(root)
-    cluster.real_node.host_path_claim(cluster, ns, "target", models)
-    cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
+    cluster.real_node.host_folder_claims(cluster, ns, tmp_path / "claims", tiny_target="target/target")
     start_operator(ns)
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))

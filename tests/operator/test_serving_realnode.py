@@ -16,7 +16,6 @@ PodDisruptionBudget, the draft's revision annotation and a Burstable (not BestEf
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import httpx
@@ -78,15 +77,10 @@ def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
     target = ensure_tiny_target()
     prompts = [text[:400] for text in stdlib_corpus(0.3)[:8]]
     token = most_frequent_output_token(target, prompts, MAX_TOKENS)
-    # Host directories as the claims' roots, readable by the vLLM image's user (uid 1000; the cached
-    # target's weights are its owner's only).
-    models, drafts = tmp_path / "models", tmp_path / "drafts"
-    shutil.copytree(target, models / "target")
-    build_constant_draft(target, drafts / "constant", token)
-    realnode.readable_by_pods(models)
-    realnode.readable_by_pods(drafts)
-    cluster.real_node.host_path_claim(cluster, ns, "target", models)
-    cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
+    # Claims "target" (the target under target/) and "drafts" on host folders.
+    claims = tmp_path / "claims"
+    build_constant_draft(target, claims / "drafts" / "constant", token)
+    cluster.real_node.host_folder_claims(cluster, ns, claims, tiny_target="target/target")
     operator = start_operator(ns)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
 

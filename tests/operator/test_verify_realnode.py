@@ -16,7 +16,6 @@ failing on real vLLM by tests/runtime/test_verify.py.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
@@ -26,7 +25,6 @@ from eagle3_runtime.verify import BUILTIN_PROMPTS
 from tests.monitoring.constant_draft import build_constant_draft, most_frequent_output_token
 from tests.operator.harness import condition, events_of, spec_decode_path
 from tests.operator.test_serving_realnode import manifest as serving_manifest
-from tests.support import realnode
 from tests.support.cluster import wait_until
 
 SDD = "gate"
@@ -82,13 +80,9 @@ def test_a_draft_below_its_floor_is_rejected_and_never_served(
     ns = real_node_namespace
     target = ensure_tiny_target()
     token = most_frequent_output_token(target, list(BUILTIN_PROMPTS[:NUM_PROMPTS]), MAX_TOKENS)
-    models, drafts = tmp_path / "models", tmp_path / "drafts"
-    shutil.copytree(target, models / "target")
-    build_constant_draft(target, drafts / "good", token)
-    realnode.readable_by_pods(models)
-    realnode.readable_by_pods(drafts)
-    cluster.real_node.host_path_claim(cluster, ns, "target", models)
-    cluster.real_node.host_path_claim(cluster, ns, "drafts", drafts)
+    claims = tmp_path / "claims"
+    build_constant_draft(target, claims / "drafts" / "good", token)
+    cluster.real_node.host_folder_claims(cluster, ns, claims, tiny_target="target/target")
     start_operator(ns)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
 

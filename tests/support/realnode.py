@@ -50,7 +50,7 @@ import yaml
 from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
 from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
-from eagle3_runtime.tiny_target import cache_root
+from eagle3_runtime.tiny_target import cache_root, ensure_tiny_target
 from tests.support import oci_image, testbed_kwok, testbed_pki
 from tests.support.kube_api import ApiError
 
@@ -1024,6 +1024,18 @@ class RealNode:
                 },
             },
         )
+
+    def host_folder_claims(
+        self, cluster: LocalCluster, namespace: str, root: Path, *, tiny_target: str | None = None
+    ) -> None:
+        """One read-only claim per folder under root, named as the folder and bound to it (a pod reads
+        root/CLAIM/PATH as pvc://CLAIM/PATH), after copying the cached tiny target to root/TINY_TARGET
+        when asked and letting the pods' user read everything under root."""
+        if tiny_target:
+            shutil.copytree(ensure_tiny_target(), root / tiny_target)
+        readable_by_pods(root)
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            self.host_path_claim(cluster, namespace, folder.name, folder)
 
     def describe(self) -> str:
         """How to reach the node (printed by `make cluster`)."""

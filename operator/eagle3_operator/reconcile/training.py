@@ -1,4 +1,5 @@
-"""DraftTraining: desired children and the stage state machine, as pure functions."""
+"""DraftTraining: the stage state machine, as pure functions: which stage runs next, which children
+(reconcile/training_children.py) exist for it, the status, its conditions and Events."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import contextlib
 import copy
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,7 +17,6 @@ from eagle3_operator.reconcile.conditions import get_condition, set_condition
 from eagle3_operator.reconcile.jobs import (
     DEADLINE_EXCEEDED,
     POD_CREATION_GRACE_S,
-    STAGE_CONTAINER,
     JobOutcome,
     job_age_s,
     job_outcome,
@@ -27,25 +26,6 @@ from eagle3_operator.reconcile.jobs import (
 from eagle3_operator.reconcile.network_policy import plan_network_policy
 from eagle3_operator.reconcile.ownership import foreign_problem, withhold_foreign
 from eagle3_operator.reconcile.plan import Event, Plan, iso, parse_iso
-from eagle3_operator.reconcile.pods import (
-    PROBE_PERIOD_S,
-    SERVER_PROGRESS_DEADLINE_S,
-    STARTUP_PROBE_FAILURES,
-    TERMINATION_LOG,
-    VLLM_PORT,
-    Mounts,
-    PodPolicy,
-    apply_pod_policy,
-    downward_env,
-    gpu_resources,
-    hf_token_env,
-    merge_env,
-    model_location,
-    service,
-    user_env,
-    vllm_args,
-    vllm_pod_spec,
-)
 from eagle3_operator.reconcile.stuck import (
     REFUSAL_RETRY_S,
     Problem,
@@ -53,6 +33,15 @@ from eagle3_operator.reconcile.stuck import (
     deployment_problem,
     first_pod_problem,
     job_creation_problem,
+)
+from eagle3_operator.reconcile.training_children import (
+    server_name,
+    server_service,
+    stage_jobs,
+    stream_server_deployment,
+    target_deployment,
+    trainer_service,
+    workspace_pvc,
 )
 from eagle3_runtime import stage_plan
 from eagle3_runtime.layout import export_version
@@ -81,9 +70,6 @@ RESULT_POLL_S = 5.0
 # A Job without pods is looked at again until its pods appear or the Job controller says why not
 # (FailedCreate Events are not watched); after this long the periodic resync does it.
 POD_CREATION_WATCH_S = 300.0
-WORKSPACE = "/workspace"
-TORCHRUN_PORT = 29500
-STREAM_PORT = 5600
 # server -> (description, its condition type, the event reason when it is scaled down)
 SERVERS = {
     "target": ("target vLLM server", "TargetReady", "TargetScaledDown"),
@@ -140,311 +126,16 @@ class TrainingObserved:
         ]
 
 
-def server_name(dt: DraftTraining, server: str) -> str:
-    return f"{dt.metadata['name']}-{server}"
-
-
-def trainer_service_name(dt: DraftTraining) -> str:
-    return f"{dt.metadata['name']}-trainer"
-
-
-def job_name(dt: DraftTraining, stage: str, attempt: int, suffix: str = "") -> str:
-    short = {"evaluate": "eval"}.get(stage, stage)
-    name = (
-        f"{dt.metadata['name']}-{short}"
-        + (f"-{suffix}" if suffix else "")
-        + (f"-r{attempt}" if attempt else "")
-    )
-    return meta.dns_label(name)
-
-
-class PodLocations:
-    """Where a stage pod finds what the spec names (stage_plan.Locations): the object's own directory
-    of the workspace claim (mounted at /workspace), models under /models/ROLE, read-only data claims
-    under /sources/CLAIM, the export claim at /export; each claim is added to the pod's volumes when
-    first used."""
-
-    def __init__(self, mounts: Mounts, dt: DraftTraining):
-        self.mounts = mounts
-        self.workspace = str(PurePosixPath(WORKSPACE, workspace_path(dt)))
-        self._sources: dict[str, str] = {}
-
-    def model(self, ref: str, role: str) -> str:
-        return model_location(ref, role, self.mounts)
-
-    def dataset(self, claim: str, path: str) -> str:
-        volume = self._sources.setdefault(claim, f"source-{len(self._sources)}")
-        self.mounts.add_claim(volume, claim, f"/sources/{claim}", read_only=True)
-        return f"/sources/{claim}/{path}"
-
-    def output(self, claim: str, path: str) -> str:
-        self.mounts.add_claim("export", claim, "/export")
-        return f"/export/{path}"
-
-
 class TrainingPlanner:
     """Builds one reconcile's Plan for a DraftTraining from its body and observed children."""
 
     def __init__(self, body: dict[str, Any], observed: TrainingObserved):
         self.body = body
         self.dt = DraftTraining.model_validate(body)
-        self.name = body["metadata"]["name"]
         self.observed = observed
         self.now = iso(observed.now)
         self.generation = body["metadata"].get("generation")
         self.plan = Plan()
-
-    # ---- children -------------------------------------------------------------------------------
-
-    def _labels(self, component: str) -> dict[str, str]:
-        return meta.labels(self.name, component, meta.DRAFT_TRAINING_LABEL)
-
-    def workspace_pvc(self) -> dict[str, Any]:
-        storage = self.dt.spec.storage
-        spec: dict[str, Any] = {
-            "accessModes": list(storage.access_modes),
-            "resources": {"requests": {"storage": storage.size}},
-        }
-        if storage.storage_class_name:
-            spec["storageClassName"] = storage.storage_class_name
-        # Owned by the DraftTraining (so deleted with it) only when the user asked for that.
-        metadata = meta.object_meta(
-            self.body, workspace_claim(self.dt), self._labels("workspace"), owned=not storage.retain_on_delete
-        )
-        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
-
-    def target_deployment(self, replicas: int) -> dict[str, Any]:
-        target = self.dt.spec.target
-        mounts = Mounts()
-        model = model_location(target.model, "target", mounts)
-        pod_spec = vllm_pod_spec(
-            target, vllm_args(target, model, target.model), mounts, PodPolicy.of(self.dt.spec)
-        )
-        return self._server_deployment("target", replicas, pod_spec)
-
-    def stream_server_deployment(self, replicas: int) -> dict[str, Any]:
-        """`eagle3 extract --mode streaming`: a vLLM extraction server whose connector streams
-        hidden states to the trainer over zmq (STREAM_PORT)."""
-        spec = self.dt.spec
-        mounts = Mounts()
-        argv = stage_plan.stream_server_argv(self.dt, PodLocations(mounts, self.dt), VLLM_PORT, STREAM_PORT)
-        mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
-        mounts.add_shm(spec.target.shm_size)
-        probe = {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": PROBE_PERIOD_S,
-            "timeoutSeconds": 5,
-        }
-        container = {
-            "name": STAGE_CONTAINER,
-            "image": spec.runtime.image,
-            "imagePullPolicy": spec.runtime.image_pull_policy,
-            "command": ["eagle3", *argv],
-            "ports": [
-                {"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"},
-                {"name": "stream", "containerPort": STREAM_PORT, "protocol": "TCP"},
-            ],
-            "env": merge_env(
-                [
-                    *downward_env(),
-                    {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"},
-                    {"name": "VLLM_ROCM_USE_AITER", "value": "1"},
-                    *hf_token_env(spec.target),
-                ],
-                user_env(spec.target),
-            ),
-            "resources": gpu_resources(spec.target, spec.target.gpus),
-            "volumeMounts": mounts.mounts,
-            "startupProbe": probe | {"failureThreshold": STARTUP_PROBE_FAILURES},
-            "readinessProbe": probe | {"failureThreshold": 3},
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }
-        pod_spec: dict[str, Any] = {"containers": [container], "volumes": mounts.volumes}
-        if spec.runtime.service_account_name:
-            pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_pod_policy(
-            pod_spec,
-            PodPolicy.of(spec),
-            gpus=spec.target.gpus,
-            gpu_resource=spec.target.gpu_resource_name,
-            runtime_user=True,
-        )
-        return self._server_deployment("stream", replicas, pod_spec)
-
-    def _server_deployment(self, server: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
-        selector = meta.selector_labels(self.name, server, meta.DRAFT_TRAINING_LABEL)
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": meta.object_meta(self.body, server_name(self.dt, server), self._labels(server)),
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": selector},
-                # A second server would need a second set of GPUs; replace instead of surging.
-                "strategy": {"type": "Recreate"},
-                "progressDeadlineSeconds": SERVER_PROGRESS_DEADLINE_S,
-                "template": {"metadata": {"labels": self._labels(server)}, "spec": pod_spec},
-            },
-        }
-
-    def server_service(self, server: str) -> dict[str, Any]:
-        selector = meta.selector_labels(self.name, server, meta.DRAFT_TRAINING_LABEL)
-        svc = service(
-            meta.object_meta(self.body, server_name(self.dt, server), self._labels(server)),
-            selector,
-            VLLM_PORT,
-        )
-        if server == "stream":
-            svc["spec"]["ports"].append(
-                {"name": "stream", "port": STREAM_PORT, "targetPort": "stream", "protocol": "TCP"}
-            )
-        return svc
-
-    def trainer_service(self) -> dict[str, Any]:
-        selector = meta.selector_labels(self.name, "train", meta.DRAFT_TRAINING_LABEL)
-        svc = service(
-            meta.object_meta(self.body, trainer_service_name(self.dt), self._labels("train")),
-            selector,
-            TORCHRUN_PORT,
-            clusterIP="None",
-            publishNotReadyAddresses=True,
-        )
-        svc["spec"]["ports"] = [{"name": "rendezvous", "port": TORCHRUN_PORT, "protocol": "TCP"}]
-        return svc
-
-    def server_url(self, server: str = "target") -> str:
-        return f"http://{server_name(self.dt, server)}:{VLLM_PORT}"
-
-    def stage_job(
-        self,
-        name: str,
-        argv: list[str],
-        mounts: Mounts,
-        *,
-        gpus: int = 0,
-        nodes: int = 1,
-        extra_resources: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """A Job whose pods run `eagle3 STAGE ...` (argv from stage_plan) over the workspace
-        (docs/contracts.md)."""
-        spec = self.dt.spec
-        stage = argv[0]
-        mounts.add_claim("workspace", workspace_claim(self.dt), WORKSPACE)
-        if gpus:
-            mounts.add_shm(spec.target.shm_size)
-        command = ["eagle3", *argv, "--result-file", TERMINATION_LOG]
-        env = [*downward_env(), {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"}]
-        env += hf_token_env(spec.target)
-        if gpus:
-            env.append({"name": "VLLM_ROCM_USE_AITER", "value": "1"})
-        pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
-        if stage == "train" and (nodes > 1 or spec.training.gpus_per_node > 1):
-            # torchrun starts one process per GPU.
-            launcher = ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={spec.training.gpus_per_node}"]
-            if nodes == 1:
-                # One pod rendezvouses with itself; its Job is not Indexed, so no completion index
-                # (rank) exists to pass.
-                launcher.append("--standalone")
-            else:
-                # Several pods: the rank is the pod's completion index in the Indexed Job, and rank 0
-                # (the index-0 pod) is reached through the headless Service.
-                env.append(
-                    {
-                        "name": "NODE_RANK",
-                        "valueFrom": {
-                            "fieldRef": {
-                                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-                            }
-                        },
-                    }
-                )
-                launcher += [
-                    "--node-rank=$(NODE_RANK)",
-                    f"--master-addr={name}-0.{trainer_service_name(self.dt)}",
-                    f"--master-port={TORCHRUN_PORT}",
-                ]
-                pod_spec["subdomain"] = trainer_service_name(self.dt)
-            command = [*launcher, "--no-python", *command]
-        container = {
-            "name": STAGE_CONTAINER,
-            "image": spec.runtime.image,
-            "imagePullPolicy": spec.runtime.image_pull_policy,
-            "command": command,
-            "env": merge_env(env, user_env(spec.target)),
-            "volumeMounts": mounts.mounts,
-            "terminationMessagePath": TERMINATION_LOG,
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }
-        resources = gpu_resources(spec.target, gpus, extra_resources)
-        if resources:
-            container["resources"] = resources
-        pod_spec |= {"containers": [container], "volumes": mounts.volumes}
-        if spec.runtime.service_account_name:
-            pod_spec["serviceAccountName"] = spec.runtime.service_account_name
-        apply_pod_policy(
-            pod_spec,
-            PodPolicy.of(spec),
-            gpus=gpus,
-            gpu_resource=spec.target.gpu_resource_name,
-            runtime_user=True,
-        )
-        job_labels = self._labels(stage) | {meta.STAGE_LABEL: stage}
-        if spec.scheduling.queue_name:
-            job_labels[meta.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
-        job_spec: dict[str, Any] = {
-            "backoffLimit": spec.runtime.backoff_limit,
-            "template": {
-                "metadata": {"labels": self._labels(stage) | {meta.STAGE_LABEL: stage}},
-                "spec": pod_spec,
-            },
-        }
-        if nodes > 1:
-            job_spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
-        if spec.runtime.stage_deadline_seconds:
-            job_spec["activeDeadlineSeconds"] = spec.runtime.stage_deadline_seconds
-        if spec.scheduling.queue_name:
-            job_spec["suspend"] = True  # Kueue admits the Job by unsuspending it
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": meta.object_meta(self.body, name, job_labels),
-            "spec": job_spec,
-        }
-
-    def stage_jobs(self, stage: str, attempt: int) -> list[dict[str, Any]]:
-        """The Jobs of one stage, each running its stage_plan command with the volumes that names."""
-        spec = self.dt.spec
-        if stage == "evaluate":
-            jobs = []
-            for step in stage_plan.checkpoints_to_evaluate(
-                self.dt, self._stage_record("train").get("metrics") or {}
-            ):
-                mounts = Mounts()
-                argv = stage_plan.stage_argv(self.dt, stage, PodLocations(mounts, self.dt), step=step)
-                name = job_name(self.dt, stage, attempt, str(step))
-                jobs.append(self.stage_job(name, argv, mounts, gpus=spec.target.gpus))
-            return jobs
-        mounts = Mounts()
-        server = server_for(self.dt, stage)
-        argv = stage_plan.stage_argv(
-            self.dt, stage, PodLocations(mounts, self.dt), server=self.server_url(server) if server else None
-        )
-        name = job_name(self.dt, stage, attempt)
-        if stage in ("extract", "sweep"):  # both serve the target themselves
-            return [self.stage_job(name, argv, mounts, gpus=spec.target.gpus)]
-        if stage == "train":
-            training = spec.training
-            job = self.stage_job(
-                name, argv, mounts, gpus=training.gpus_per_node, nodes=training.nodes,
-                extra_resources=training.resources,
-            )  # fmt: skip
-            return [job]
-        return [self.stage_job(name, argv, mounts)]
-
-    # ---- state machine ---------------------------------------------------------------------------
-
-    def _stage_record(self, stage: str) -> dict[str, Any]:
-        return self.records[stage]
 
     def _event(self, type_: str, reason: str, message: str) -> None:
         self.plan.events.append(Event(type_, reason, message))
@@ -581,8 +272,9 @@ class TrainingPlanner:
     def _advance(self, stage: str, status: dict[str, Any]) -> bool:
         """Drive one stage; True when it is done and the next one may start now."""
         record = self.records[stage]
+        train_metrics = self.records["train"].get("metrics") or {}
         try:
-            desired = self.stage_jobs(stage, record.get("attempt", 0))
+            desired = stage_jobs(self.body, self.dt, stage, record.get("attempt", 0), train_metrics)
         except StageInputError as exc:
             self._fail(stage, "InvalidStageInput", str(exc))
             return False
@@ -600,7 +292,7 @@ class TrainingPlanner:
             record |= {"state": "Running", "startTime": self.now, "message": "running"}
             self._event("Normal", "StageStarted", f"{stage} started: " + ", ".join(record["jobs"]))
         if stage == "train" and self.dt.spec.training.nodes > 1:
-            self.plan.sync.append(self.trainer_service())
+            self.plan.sync.append(trainer_service(self.body, self.dt))
         progress = latest_progress([p for name in record["jobs"] for p in self.observed.pods_of(name)])
         if progress is not None:
             # A malformed progress record is ignored: progress is informational only.
@@ -697,7 +389,7 @@ class TrainingPlanner:
         status.setdefault("startTime", self.now)
         status["workspaceClaim"] = workspace_claim(dt)
         if not dt.spec.storage.existing_claim:
-            self.plan.create.append(self.workspace_pvc())
+            self.plan.create.append(workspace_pvc(self.body, self.dt))
 
         current: str | None = None
         waiting_for: str | None = None  # the server the current stage waits for
@@ -762,11 +454,11 @@ class TrainingPlanner:
             self._event("Normal", reason, f"no remaining stage needs the {title}")
         replicas = 1 if needed else 0
         deployment = (
-            self.target_deployment(replicas)
+            target_deployment(self.body, self.dt, replicas)
             if server == "target"
-            else self.stream_server_deployment(replicas)
+            else stream_server_deployment(self.body, self.dt, replicas)
         )
-        self.plan.sync += [deployment, self.server_service(server)]
+        self.plan.sync += [deployment, server_service(self.body, self.dt, server)]
 
     def _conditions(
         self, status: dict[str, Any], phase: str, current: str | None, waiting: str | None, needed: str | None

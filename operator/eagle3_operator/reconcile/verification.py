@@ -28,7 +28,7 @@ from eagle3_operator.reconcile.pods import (
     vllm_model_args,
 )
 from eagle3_operator.reconcile.speculation import applied_speculation
-from eagle3_operator.reconcile.training import PodLocations
+from eagle3_operator.reconcile.training_children import PodLocations
 from eagle3_runtime.stage_plan import _source_arg
 
 COMPONENT = "verify"
