@@ -28,7 +28,15 @@ class StageInputError(ValueError):
     """A stage cannot be planned from what earlier stages reported."""
 
 
-class Locations(Protocol):
+class Datasets(Protocol):
+    """Where a pod finds the data claims a spec names (a verify Job needs no more)."""
+
+    def dataset(self, claim: str, path: str) -> str:
+        """A file or directory a stage reads, `path` inside the PVC `claim`."""
+        ...
+
+
+class Locations(Datasets, Protocol):
     """Where a stage finds what the spec names."""
 
     @property
@@ -39,10 +47,6 @@ class Locations(Protocol):
     def model(self, ref: str, role: str) -> str:
         """A model the spec names (`role`: target, init): a Hugging Face id as it is, a
         `pvc://CLAIM/PATH` as the path it has here."""
-        ...
-
-    def dataset(self, claim: str, path: str) -> str:
-        """A file or directory a stage reads, `path` inside the PVC `claim`."""
         ...
 
     def output(self, claim: str, path: str) -> str:
@@ -130,7 +134,7 @@ def _layer_ids(dt: DraftTraining) -> str:
     return ",".join(str(i) for i in ids) if ids else "auto"
 
 
-def _source_arg(source: PromptSource, at: Locations, weight: float | None = None) -> str:
+def source_arg(source: PromptSource, at: Datasets, weight: float | None = None) -> str:
     """A `--source` or `--prompts` value: PATH,mode=M[,weight=W][,prompt-field=F][,messages-field=F]."""
     arg = f"{at.dataset(source.claim_name, source.path)},mode={source.mode}"
     if weight is not None:
@@ -155,7 +159,7 @@ def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
     argv = ["generate", "--workspace", at.workspace, "--server", server, "--model", dt.spec.target.model]
     for source in data.sources:
         tools = f",tools-field={source.tools_field}" if source.tools_field else ""
-        argv += ["--source", _source_arg(source, at, source.weight) + tools]
+        argv += ["--source", source_arg(source, at, source.weight) + tools]
     argv += [
         "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
         "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
@@ -213,7 +217,7 @@ def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
             "--checkpoint", Workspace(at.workspace).checkpoint_dir(step).name]  # fmt: skip
     # Prompts borrowed from the first data source are read the way generation read them.
     for source in evaluation.prompts or spec.data.sources[:1]:
-        argv += ["--prompts", _source_arg(source, at)]
+        argv += ["--prompts", source_arg(source, at)]
     argv += [
         "--num-speculative-tokens", str(evaluation.num_speculative_tokens),
         "--prompts-per-domain", str(evaluation.prompts_per_domain), "--max-tokens", str(evaluation.max_tokens),
@@ -239,7 +243,7 @@ def _sweep_argv(dt: DraftTraining, at: Locations) -> list[str]:
     argv = ["sweep", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
             "--checkpoint", "best"]  # fmt: skip
     for source in evaluation.prompts or spec.data.sources[:1]:
-        argv += ["--prompts", _source_arg(source, at)]
+        argv += ["--prompts", source_arg(source, at)]
     argv += [
         "--max-speculative-tokens", str(sweep.max_speculative_tokens),
         "--concurrency", *map(str, sweep.concurrency), "--rounds", str(sweep.rounds),

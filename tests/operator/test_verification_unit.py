@@ -158,3 +158,23 @@ def test_without_verification_a_draft_serves_at_once():
     assert _served(plan) == "/models/draft/llama-eagle3" and plan.create == []
     assert "verification" not in plan.status
     assert all(c["type"] != "DraftVerified" for c in plan.status["conditions"])
+
+
+def test_verify_prompts_on_a_claim_are_mounted_read_only_and_passed_to_eagle3_verify():
+    prompts = {"claimName": "eval-data", "path": "chat/prompts.jsonl", "mode": "chat"}
+    body = fakes.spec_decode(
+        target=TARGET, draft={"model": "pvc://drafts/v1"}, verification=GATED | {"prompts": [prompts]}
+    )
+    plan = plan_serving(body, ServingObserved(now=fakes.NOW))
+    (job,) = plan.create
+    pod = job["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--prompts") + 1] == "/sources/eval-data/chat/prompts.jsonl,mode=chat"
+    (volume,) = [
+        v for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "eval-data"
+    ]
+    assert volume["persistentVolumeClaim"]["readOnly"] is True
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["mountPath"] == "/sources/eval-data"
+    args = build_parser(command[1:]).parse_args(command[1:])  # the runtime's own CLI accepts it
+    assert [(p.path, p.mode) for p in args.prompts] == [("/sources/eval-data/chat/prompts.jsonl", "chat")]

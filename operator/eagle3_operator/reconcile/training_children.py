@@ -60,15 +60,13 @@ def job_name(dt: DraftTraining, stage: str, attempt: int, suffix: str = "") -> s
     return meta.dns_label(name)
 
 
-class PodLocations:
-    """Where a stage pod finds what the spec names (stage_plan.Locations): the object's own directory
-    of the workspace claim (mounted at /workspace), models under /models/ROLE, read-only data claims
-    under /sources/CLAIM, the export claim at /export; each claim is added to the pod's volumes when
-    first used."""
+class ClaimLocations:
+    """Where a pod finds what a spec names on claims: models under /models/ROLE, read-only data
+    claims under /sources/CLAIM, the export claim at /export; each claim is added to the pod's
+    volumes when first used."""
 
-    def __init__(self, mounts: Mounts, dt: DraftTraining):
+    def __init__(self, mounts: Mounts):
         self.mounts = mounts
-        self.workspace = str(PurePosixPath(WORKSPACE, workspace_path(dt)))
         self._sources: dict[str, str] = {}
 
     def model(self, ref: str, role: str) -> str:
@@ -82,6 +80,15 @@ class PodLocations:
     def output(self, claim: str, path: str) -> str:
         self.mounts.add_claim("export", claim, "/export")
         return f"/export/{path}"
+
+
+class PodLocations(ClaimLocations):
+    """A stage pod's locations (stage_plan.Locations): the claims, and the object's own directory of
+    the workspace claim (mounted at /workspace)."""
+
+    def __init__(self, mounts: Mounts, dt: DraftTraining):
+        super().__init__(mounts)
+        self.workspace = str(PurePosixPath(WORKSPACE, workspace_path(dt)))
 
 
 def _labels(dt: DraftTraining, component: str) -> dict[str, str]:

@@ -28,8 +28,8 @@ from eagle3_operator.reconcile.pods import (
     vllm_model_args,
 )
 from eagle3_operator.reconcile.speculation import applied_speculation
-from eagle3_operator.reconcile.training_children import PodLocations
-from eagle3_runtime.stage_plan import _source_arg
+from eagle3_operator.reconcile.training_children import ClaimLocations
+from eagle3_runtime.stage_plan import source_arg
 
 COMPONENT = "verify"
 PHASE = "Verification"
@@ -69,8 +69,9 @@ def verify_job(
         "--max-flips", str(check.max_flips), "--flip-tolerance", format(check.flip_tolerance, "g"),
         "--min-acceptance-length", format(check.min_acceptance_length, "g"),
     ]  # fmt: skip
+    locations = ClaimLocations(mounts)
     for source in check.prompts:
-        argv += ["--prompts", _source_arg(source, PodLocations(mounts))]
+        argv += ["--prompts", source_arg(source, locations)]
     if target.attention_backend:
         argv += ["--attention-backend", target.attention_backend]
     if target.max_model_len:
