@@ -182,7 +182,6 @@ class ServingPlanner:
         self.observed = observed
         self.labels = meta.labels(self.name, "server", meta.SPEC_DECODE_LABEL)
         self.selector = meta.selector_labels(self.name, "server", meta.SPEC_DECODE_LABEL)
-        self.speculation: dict[str, Any] | None = None  # status.speculation, set with the draft's config
 
     def deployment(
         self, draft: dict[str, Any] | None, replicas: int, track: str = "stable"
@@ -205,10 +204,10 @@ class ServingPlanner:
         draft_path = None
         if draft:
             draft_path = model_location(draft["uri"], "draft", mounts)
-            self.speculation = applied_speculation(spec, draft.get("speculationSchedule"))
+            speculation = applied_speculation(spec, draft.get("speculationSchedule"))
             args += [
                 "--speculative-config",
-                speculative_config(draft_path, spec.draft.revision, spec, self.speculation),
+                speculative_config(draft_path, spec.draft.revision, spec, speculation),
             ]
             if "draftTraining" in draft:
                 export_id = draft.get("digest") or draft["draftTraining"].get("uid", "")
@@ -350,12 +349,12 @@ class ServingPlanner:
             "selector": ",".join(f"{k}={v}" for k, v in sorted(self.selector.items())),
             "endpoint": f"http://{self.name}.{self.namespace}.svc:{spec.service.port}/v1",
         }
+        status.pop("resolvedDraft", None)
+        status.pop("speculation", None)
         if rollout.stable_draft:
             status["resolvedDraft"] = {"model": draft_path, **rollout.stable_draft}
-        else:
-            status.pop("resolvedDraft", None)
-        status.pop("speculation", None)
-        status |= {"speculation": self.speculation} if self.speculation else {}
+            # What the stable track applies (a canary's draft may bring another schedule).
+            status["speculation"] = applied_speculation(spec, rollout.stable_draft.get("speculationSchedule"))
         conditions = list(status.get("conditions") or [])
         gen = self.body["metadata"].get("generation")
         verification.apply_gate(checked, status, conditions, gen, now)
