@@ -64,7 +64,7 @@ def real_node_serving_manifest(target_claim: str, draft_claim: str) -> dict:
                 "gpus": 1,
                 "maxModelLen": 1024,
                 "extraArgs": ["--dtype", "bfloat16"],
-                "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}],
+                "env": realnode.VLLM_CPU_ENV,
             },
             "draft": {"model": f"pvc://{draft_claim}/model"},
             "servedModelName": SDD,

@@ -50,10 +50,7 @@ def manifest(namespace: str) -> dict:
                 # Eager mode: no torch.compile at start-up (minutes on a busy 2-core machine); what is
                 # measured here is the operator, not vLLM's speed.
                 "extraArgs": ["--dtype", "bfloat16", "--enforce-eager"],
-                "env": [
-                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-                    {"name": "HF_HUB_OFFLINE", "value": "1"},
-                ],
+                "env": [*realnode.VLLM_CPU_ENV, {"name": "HF_HUB_OFFLINE", "value": "1"}],
                 "resources": {"requests": {"cpu": "100m"}},
                 "shmSize": "1Gi",
             },
