@@ -217,16 +217,20 @@ def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
             )
 
 
+def _remove_object_series(gauge: Gauge, namespace: str, name: str, keep: tuple[str | None, ...] = ()) -> None:
+    """Remove every series of one object (labels starting namespace, name) from a gauge with more
+    labels than those two, except the series `keep`."""
+    for labels in list(gauge._metrics):  # noqa: SLF001 - the client has no removal by label prefix
+        if labels[:2] == (namespace, name) and labels != keep:
+            gauge.remove(*labels)
+
+
 def _forget_context_lengths(namespace: str, name: str) -> None:
-    for labels in list(TRAINING_BEST_ACCEPTANCE_BY_CONTEXT._metrics):  # noqa: SLF001 - this object's series
-        if labels[:2] == (namespace, name):
-            TRAINING_BEST_ACCEPTANCE_BY_CONTEXT.remove(*labels)
+    _remove_object_series(TRAINING_BEST_ACCEPTANCE_BY_CONTEXT, namespace, name)
 
 
 def _set_training_phase(namespace: str, name: str, phase: str | None) -> None:
-    for labels in list(TRAINING_PHASE._metrics):  # noqa: SLF001 - drop this object's other phases
-        if labels[:2] == (namespace, name) and labels[2] != phase:
-            TRAINING_PHASE.remove(*labels)
+    _remove_object_series(TRAINING_PHASE, namespace, name, keep=(namespace, name, phase))
     if phase is not None:
         TRAINING_PHASE.labels(namespace, name, phase).set(1)
 
@@ -242,9 +246,7 @@ def forget_training(namespace: str, name: str) -> None:
 
 def forget_serving(namespace: str, name: str) -> None:
     for gauge in _SERVING_GAUGES:
-        for labels in list(gauge._metrics):  # noqa: SLF001 - this object's series, any revision
-            if labels[:2] == (namespace, name):
-                gauge.remove(*labels)
+        _remove_object_series(gauge, namespace, name)  # any revision
 
 
 def record_serving(namespace: str, name: str, status: dict[str, Any]) -> None:
