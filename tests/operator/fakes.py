@@ -95,6 +95,16 @@ def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> st
 # What each stage "reports" when the tests play its pods: one formula for the unit, cluster and chart
 # tests (numbers are arbitrary but checked). Checkpoints at half and all of the training's steps;
 # acceptance grows with the step, so the last checkpoint is the best.
+def stage_report(stage: str, job: str, *, ok: bool = True, total_steps: int = 100) -> str:
+    """The result message the pod of stage Job `job` ends with."""
+    return result(stage, ok, **stage_metrics(stage, job, total_steps))
+
+
+# export and quantize report the published draft's content digest: two, to tell which one a status took.
+EXPORT_DIGEST = "sha256:" + "0123456789abcdef" * 4
+QUANTIZE_DIGEST = "sha256:" + "cd" * 32
+
+
 def acceptance_at(step: int, total_steps: int) -> float:
     return round(2.0 + 0.4 * step / total_steps, 6)
 
@@ -145,6 +155,10 @@ def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any
             "acceptance_length": acceptance_at(total_steps, total_steps),
             **context_metrics(total_steps, total_steps),
         }
+    if stage == "export":
+        return {"digest": EXPORT_DIGEST}
+    if stage == "quantize":
+        return {"digest": QUANTIZE_DIGEST}
     if stage == "sweep":
         return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
                 "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip

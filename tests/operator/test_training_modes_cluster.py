@@ -3,7 +3,7 @@ against the real API server, Job controller, EndpointSlice controller and schedu
 the operator's own Jobs, Deployments and Services replayed on the real node where their pods can run
 cheaply.
 
-Stage pods on kwok end with the harness's stage results (tests/operator/harness.py, result_for).
+Stage pods on kwok end with the harness's stage results (tests/operator/fakes.py, stage_report).
 Kueue is not installed: the real Job controller honours `suspend`, and the test unsuspends the
 operator's Jobs itself, as Kueue does when it admits them. On the real node the objects keep the
 operator's pod spec (env, probes, volumes, security context, hostname and subdomain) and Service
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_runtime.layout import export_version
+from tests.operator import fakes
 from tests.operator.harness import (
-    EXPORT_DIGEST,
     bind_volume,
     complete_stage,
     condition,
@@ -197,7 +197,7 @@ def _run_online_multi_node_training(cluster: LocalCluster, ns: str) -> dict[str,
         done = wait_stage_succeeded(cluster, ns, "llama", stage)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert [s["name"] for s in done["status"]["stages"]] == [s for s, _ in ONLINE_STAGE_JOBS]
-    assert done["status"]["export"]["uri"] == f"pvc://drafts/llama/{export_version(EXPORT_DIGEST)}"
+    assert done["status"]["export"]["uri"] == f"pvc://drafts/llama/{export_version(fakes.QUANTIZE_DIGEST)}"
     assert done["status"]["export"]["quantization"] == "fp8"
     assert condition(done, "Quantized")["status"] == "True"
     return jobs_of(cluster, ns, "llama")

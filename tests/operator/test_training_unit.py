@@ -10,9 +10,6 @@ from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 
 from tests.operator import fakes
 
-# export and quantize report the published draft's digest: two, to tell which one the status took
-DIGESTS = {"export": {"digest": "sha256:" + "ab" * 32}, "quantize": {"digest": "sha256:" + "cd" * 32}}
-
 
 class Cluster:
     """Plays API server + Job controller for the planner: stores what it creates, ends Jobs on request."""
@@ -43,7 +40,7 @@ class Cluster:
         stage = job["metadata"]["labels"]["eagle3.ai/stage"]
         name = job["metadata"]["name"]
         if message is None:
-            message = fakes.result(stage, ok, **(fakes.stage_metrics(stage, name) or DIGESTS.get(stage, {})))
+            message = fakes.stage_report(stage, name, ok=ok)
         self.observed.jobs[name] = fakes.finished_job(job, ok=ok)
         phase = "Succeeded" if ok else "Failed"
         self.observed.pods.append(fakes.job_pod(job, phase=phase, message=message, **pod))
@@ -184,8 +181,8 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
             {"contextLength": 4096},
         ],
     }
-    assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-abababababababab"
-    assert status["export"]["digest"] == "sha256:" + "ab" * 32
+    assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-0123456789abcdef"
+    assert status["export"]["digest"] == fakes.EXPORT_DIGEST
     assert _condition(status, "Ready")["status"] == "True"
     assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
     assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
