@@ -309,7 +309,6 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
 
 
 def test_an_export_digest_is_pinned_and_names_the_export_on_the_pod_template():
-    # No export records a digest yet (issue 14 adds it); the pin and the template are ready for it.
     body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
     training = {"metadata": {"name": "llama", "uid": "uid-1"}, "status": _exported()}
     training["status"]["export"]["digest"] = "sha256:0123abcd"
