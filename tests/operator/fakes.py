@@ -92,6 +92,10 @@ def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> st
     return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()
 
 
+# The stages an offline DraftTraining walks, in order.
+OFFLINE_STAGES = ["generate", "extract", "train", "evaluate", "select", "export"]
+
+
 # What each stage "reports" when the tests play its pods: one formula for the unit, cluster and chart
 # tests (numbers are arbitrary but checked). Checkpoints at half and all of the training's steps;
 # acceptance grows with the step, so the last checkpoint is the best.

@@ -150,14 +150,7 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
     plan = cluster.run_to_end()
     status = plan.status
     assert status["phase"] == "Succeeded"
-    assert [s["name"] for s in status["stages"]] == [
-        "generate",
-        "extract",
-        "train",
-        "evaluate",
-        "select",
-        "export",
-    ]
+    assert [s["name"] for s in status["stages"]] == fakes.OFFLINE_STAGES
     assert all(s["state"] == "Succeeded" for s in status["stages"])
     assert cluster.created == ["llama-generate", "llama-extract", "llama-train", "llama-eval-50", "llama-eval-100",
                                "llama-select", "llama-export"]  # fmt: skip
