@@ -88,6 +88,11 @@ def job_pod(job: dict[str, Any], *, phase: str, message: str | None, reason: str
     }
 
 
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    """The condition of `type_` in a planned status."""
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
 def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> str:
     return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()
 

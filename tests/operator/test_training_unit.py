@@ -56,10 +56,6 @@ class Cluster:
         raise AssertionError(f"pipeline did not end: {plan.status}")
 
 
-def _condition(status: dict, type_: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == type_)
-
-
 def _container(job: dict) -> dict:
     return job["spec"]["template"]["spec"]["containers"][0]
 
@@ -76,8 +72,8 @@ def test_first_reconcile_makes_workspace_and_target_and_waits_for_it():
     pvc = next(o for o in plan.create if o["kind"] == "PersistentVolumeClaim")
     assert "ownerReferences" not in pvc["metadata"], "the workspace must outlive the DraftTraining by default"
     assert plan.status["phase"] == "Pending"
-    assert _condition(plan.status, "TargetReady")["reason"] == "Starting"
-    assert _condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
+    assert fakes.condition(plan.status, "TargetReady")["reason"] == "Starting"
+    assert fakes.condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
 
 
 def test_target_deployment_follows_the_rocm_recipe():
@@ -176,8 +172,8 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
     }
     assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-0123456789abcdef"
     assert status["export"]["digest"] == fakes.EXPORT_DIGEST
-    assert _condition(status, "Ready")["status"] == "True"
-    assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
+    assert fakes.condition(status, "Ready")["status"] == "True"
+    assert fakes.condition(status, "TargetReady")["reason"] == "ScaledDown"
     assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
     train = next(s for s in status["stages"] if s["name"] == "train")
     assert train["metrics"]["loss"] == 1.25
@@ -229,7 +225,7 @@ def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extra
     assert container["resources"]["limits"] == {"amd.com/gpu": "1"}
     service = next(o for o in plan.sync if o["kind"] == "Service" and o["metadata"]["name"] == "llama-stream")
     assert [p["port"] for p in service["spec"]["ports"]] == [8000, 5600]
-    assert _condition(plan.status, "Trained")["reason"] == "WaitingForStreamServer"
+    assert fakes.condition(plan.status, "Trained")["reason"] == "WaitingForStreamServer"
     plan = cluster.reconcile()  # the server is ready: the trainer starts and reads from it
     train = next(o for o in plan.create if o["kind"] == "Job")
     command = _container(train)["command"]
@@ -285,7 +281,7 @@ def test_failed_stage_reports_the_pod_reason_and_message_then_retries_after_a_sp
     message = fakes.result("generate", ok=False, message="source /sources/prompts/chat.jsonl: no such file")
     cluster.finish(job, ok=False, message=message, reason="Error", exit_code=2)
     plan = cluster.reconcile()
-    failed = _condition(plan.status, "Failed")
+    failed = fakes.condition(plan.status, "Failed")
     assert plan.status["phase"] == "Failed"
     assert failed["status"] == "True" and failed["reason"] == "Error"
     assert "no such file" in failed["message"] and "exited with code 2" in failed["message"]
@@ -301,7 +297,7 @@ def test_failed_stage_reports_the_pod_reason_and_message_then_retries_after_a_sp
     plan = cluster.reconcile()
     assert plan.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "llama-generate"}]
     assert "Retrying" in [e.reason for e in plan.events]
-    assert _condition(plan.status, "Failed")["status"] == "False"
+    assert fakes.condition(plan.status, "Failed")["status"] == "False"
     assert next(o for o in plan.sync if o["kind"] == "Deployment")["spec"]["replicas"] == 1, "target back up"
     plan = cluster.reconcile()
     assert [o["metadata"]["name"] for o in plan.create if o["kind"] == "Job"] == ["llama-generate-r1"]
@@ -315,8 +311,8 @@ def test_failure_without_a_stage_result_uses_the_log_tail():
     cluster.finish(cluster.observed.jobs["llama-generate"], ok=False, message="Traceback ...\nOSError: disk full",
                    reason="OOMKilled", exit_code=137)  # fmt: skip
     status = cluster.reconcile().status
-    assert _condition(status, "Failed")["reason"] == "OOMKilled"
-    assert "disk full" in _condition(status, "Failed")["message"]
+    assert fakes.condition(status, "Failed")["reason"] == "OOMKilled"
+    assert "disk full" in fakes.condition(status, "Failed")["message"]
 
 
 def test_missing_result_is_waited_for_then_fails():
@@ -330,14 +326,14 @@ def test_missing_result_is_waited_for_then_fails():
     cluster.observed.now = fakes.NOW.replace(minute=5)
     plan = cluster.reconcile()
     assert plan.status["phase"] == "Failed"
-    assert _condition(plan.status, "Failed")["reason"] == "StageResultMissing"
+    assert fakes.condition(plan.status, "Failed")["reason"] == "StageResultMissing"
 
 
 def test_minimum_acceptance_gate_fails_the_selection():
     cluster = Cluster(fakes.draft_training(evaluation={"minAcceptanceLength": 3.0}))
     plan = cluster.run_to_end()
     assert plan.status["phase"] == "Failed"
-    assert _condition(plan.status, "Failed")["reason"] == "AcceptanceBelowMinimum"
+    assert fakes.condition(plan.status, "Failed")["reason"] == "AcceptanceBelowMinimum"
     assert "export" not in plan.status
 
 
