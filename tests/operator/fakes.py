@@ -93,6 +93,11 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == type_)
 
 
+def flag(command: list[str], name: str) -> str | None:
+    """The value that follows flag `name` in a command line (None when it is not there)."""
+    return command[command.index(name) + 1] if name in command else None
+
+
 def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> str:
     return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()
 

@@ -55,10 +55,6 @@ def _command(job: dict[str, Any]) -> list[str]:
     return job["spec"]["template"]["spec"]["containers"][0]["command"]
 
 
-def _flag(command: list[str], flag: str) -> str:
-    return command[command.index(flag) + 1]
-
-
 def _long_flag(command: list[str], flag: str) -> str:
     """The value of a `--flag=value` word (torchrun's style)."""
     return next(word.split("=", 1)[1] for word in command if word.startswith(f"{flag}="))
@@ -105,7 +101,7 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
         "--mode",
         "streaming",
     ]
-    assert _flag(container["command"], "--layer-ids") == "2,8,13"
+    assert fakes.flag(container["command"], "--layer-ids") == "2,8,13"
     # The real EndpointSlice controller lists the server pod under both of the Service's ports.
     slices = wait_until(
         lambda: [s for s in _endpoint_slices(cluster, ns, "llama-stream") if s.get("endpoints")],
@@ -115,7 +111,7 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
     assert sorted((p["name"], p["port"]) for p in slices[0]["ports"]) == [("http", 8000), ("stream", 5600)]
 
     train = wait_until(lambda: jobs_of(cluster, ns, "llama").get("llama-train"), timeout=30, what="train Job")
-    assert _flag(_command(train), "--server") == "http://llama-stream:8000"
+    assert fakes.flag(_command(train), "--server") == "http://llama-stream:8000"
     assert "llama-extract" not in jobs_of(cluster, ns, "llama"), "streaming has no extract stage"
     service = cluster.request("GET", f"/api/v1/namespaces/{ns}/services/llama-stream")
     _check_trainer_reaches_the_stream_server_on_the_real_node(
@@ -253,8 +249,10 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     command = _command(train)
     assert command[:4] == ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--node-rank=$(NODE_RANK)"]
     assert _long_flag(command, "--master-addr") == "llama-train-0.llama-trainer"
-    assert _flag(command, "--hidden-states") == "online" and _flag(command, "--layer-ids") == "1,5,9"
-    assert _flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
+    assert (
+        fakes.flag(command, "--hidden-states") == "online" and fakes.flag(command, "--layer-ids") == "1,5,9"
+    )
+    assert fakes.flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
     quantize = jobs["llama-quantize"]
     uid = quantize["metadata"]["ownerReferences"][0]["uid"]
     assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", f"/workspace/runs/{uid}/export/latest",
@@ -376,7 +374,7 @@ def _check_trainers_meet_on_the_real_node(
     cluster.request("POST", f"/api/v1/namespaces/{ns}/services", headless)
     command = _command(train)
     launcher = command[: command.index("--no-python") + 1]
-    worker = ["python3", "-c", WORKER_SCRIPT, _flag(command, "--init-checkpoint")]
+    worker = ["python3", "-c", WORKER_SCRIPT, fakes.flag(command, "--init-checkpoint")]
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, launcher + worker))
 
     logs = _finished_job_logs(cluster, ns, "llama-train", pods=2)
@@ -410,7 +408,7 @@ def _check_quantize_writes_the_export_claim_on_the_real_node(
 ) -> None:
     """The quantize Job's pod, non-root, writes its output into a fresh (root-owned) export claim."""
     _fresh_claim(cluster, ns, "drafts")
-    output = _flag(_command(quantize), "--output")
+    output = fakes.flag(_command(quantize), "--output")
     job = _real_node_job(quantize, ["python3", "-c", EXPORT_SCRIPT, output])
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", job)
     (log,) = _finished_job_logs(cluster, ns, "llama-quantize", pods=1).values()
@@ -474,7 +472,7 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
         "POST", f"/api/v1/namespaces/{ns}/services", _real_node_service(service, ("selector", "ports"))
     )
     server_command = stream["spec"]["template"]["spec"]["containers"][0]["command"]
-    port, stream_port = _flag(server_command, "--port"), _flag(server_command, "--stream-port")
+    port, stream_port = fakes.flag(server_command, "--port"), fakes.flag(server_command, "--stream-port")
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -484,7 +482,7 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
                                                       ["python3", "-c", STREAM_SERVER_SCRIPT, port, stream_port])},
     }  # fmt: skip
     cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
-    server = _flag(_command(train), "--server")
+    server = fakes.flag(_command(train), "--server")
     client = ["python3", "-c", STREAM_CLIENT_SCRIPT, server, str(_port(service, "stream"))]
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, client))
     (log,) = _finished_job_logs(cluster, ns, "llama-train", pods=1).values()

@@ -390,38 +390,34 @@ def _train_command(**spec) -> tuple[list[str], dict]:
     return _container(train)["command"], train["spec"]["template"]["spec"]
 
 
-def _flag(command: list[str], flag: str) -> str | None:
-    return command[command.index(flag) + 1] if flag in command else None
-
-
 def test_training_length_is_steps_or_epochs_and_defaults_to_2000_steps():
     command, _ = _train_command(training={})
-    assert (_flag(command, "--steps"), _flag(command, "--epochs")) == ("2000", None)
+    assert (fakes.flag(command, "--steps"), fakes.flag(command, "--epochs")) == ("2000", None)
     command, _ = _train_command(training={"steps": 300, "checkpointEvery": 100})
-    assert (_flag(command, "--steps"), _flag(command, "--epochs")) == ("300", None)
+    assert (fakes.flag(command, "--steps"), fakes.flag(command, "--epochs")) == ("300", None)
     command, _ = _train_command(training={"epochs": 3})
-    assert (_flag(command, "--steps"), _flag(command, "--epochs")) == (None, "3")
+    assert (fakes.flag(command, "--steps"), fakes.flag(command, "--epochs")) == (None, "3")
 
 
 def test_draft_layers_and_scratch_start_by_default():
     command, _ = _train_command()
-    assert _flag(command, "--draft-layers") == "1" and "--init-checkpoint" not in command
+    assert fakes.flag(command, "--draft-layers") == "1" and "--init-checkpoint" not in command
     command, _ = _train_command(draft={"layers": 3})
-    assert _flag(command, "--draft-layers") == "3"
+    assert fakes.flag(command, "--draft-layers") == "3"
 
 
 def test_warm_start_from_a_pvc_mounts_it_read_only_and_passes_the_mounted_path():
     command, pod = _train_command(
         draft={"initialization": {"from": "checkpoint", "path": "pvc://drafts/published/eagle3-head"}}
     )
-    assert _flag(command, "--init-checkpoint") == "/models/init/published/eagle3-head"
+    assert fakes.flag(command, "--init-checkpoint") == "/models/init/published/eagle3-head"
     volume = next(
         v for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "drafts"
     )
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
     assert mount["mountPath"] == "/models/init" and mount["readOnly"] is True
     command, _ = _train_command(draft={"initialization": {"from": "checkpoint", "path": "org/eagle3-head"}})
-    assert _flag(command, "--init-checkpoint") == "org/eagle3-head"  # a Hugging Face id, as is
+    assert fakes.flag(command, "--init-checkpoint") == "org/eagle3-head"  # a Hugging Face id, as is
 
 
 def test_epochs_progress_shows_the_step_of_the_derived_total():
