@@ -93,9 +93,14 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == type_)
 
 
-def flag(command: list[str], name: str) -> str | None:
+def command(job: dict[str, Any]) -> list[str]:
+    """The command of a Job's (or a Deployment's) first container."""
+    return job["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def flag(argv: list[str], name: str) -> str | None:
     """The value that follows flag `name` in a command line (None when it is not there)."""
-    return command[command.index(name) + 1] if name in command else None
+    return argv[argv.index(name) + 1] if name in argv else None
 
 
 def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> str:

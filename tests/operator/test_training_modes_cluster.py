@@ -51,10 +51,6 @@ def _replicas(cluster: LocalCluster, ns: str, name: str) -> int | None:
     return None if found is None else found["spec"].get("replicas", 1)
 
 
-def _command(job: dict[str, Any]) -> list[str]:
-    return job["spec"]["template"]["spec"]["containers"][0]["command"]
-
-
 def _long_flag(command: list[str], flag: str) -> str:
     """The value of a `--flag=value` word (torchrun's style)."""
     return next(word.split("=", 1)[1] for word in command if word.startswith(f"{flag}="))
@@ -111,7 +107,7 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
     assert sorted((p["name"], p["port"]) for p in slices[0]["ports"]) == [("http", 8000), ("stream", 5600)]
 
     train = wait_until(lambda: jobs_of(cluster, ns, "llama").get("llama-train"), timeout=30, what="train Job")
-    assert fakes.flag(_command(train), "--server") == "http://llama-stream:8000"
+    assert fakes.flag(fakes.command(train), "--server") == "http://llama-stream:8000"
     assert "llama-extract" not in jobs_of(cluster, ns, "llama"), "streaming has no extract stage"
     service = cluster.request("GET", f"/api/v1/namespaces/{ns}/services/llama-stream")
     _check_trainer_reaches_the_stream_server_on_the_real_node(
@@ -246,7 +242,7 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     assert (train["spec"]["completionMode"], train["spec"]["completions"], train["spec"]["parallelism"]) == (
         "Indexed", 2, 2,
     )  # fmt: skip
-    command = _command(train)
+    command = fakes.command(train)
     assert command[:4] == ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--node-rank=$(NODE_RANK)"]
     assert _long_flag(command, "--master-addr") == "llama-train-0.llama-trainer"
     assert (
@@ -255,7 +251,7 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     assert fakes.flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
     quantize = jobs["llama-quantize"]
     uid = quantize["metadata"]["ownerReferences"][0]["uid"]
-    assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", f"/workspace/runs/{uid}/export/latest",
+    assert fakes.command(quantize)[:8] == ["eagle3", "quantize", "--input", f"/workspace/runs/{uid}/export/latest",
                                       "--output", "/export/llama", "--scheme", "fp8"]  # fmt: skip
 
     # The same Jobs' pods on the real node.
@@ -372,7 +368,7 @@ def _check_trainers_meet_on_the_real_node(
     _fresh_claim(cluster, ns, "llama-workspace")
     headless = _real_node_service(service, ("clusterIP", "publishNotReadyAddresses", "selector", "ports"))
     cluster.request("POST", f"/api/v1/namespaces/{ns}/services", headless)
-    command = _command(train)
+    command = fakes.command(train)
     launcher = command[: command.index("--no-python") + 1]
     worker = ["python3", "-c", WORKER_SCRIPT, fakes.flag(command, "--init-checkpoint")]
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, launcher + worker))
@@ -408,7 +404,7 @@ def _check_quantize_writes_the_export_claim_on_the_real_node(
 ) -> None:
     """The quantize Job's pod, non-root, writes its output into a fresh (root-owned) export claim."""
     _fresh_claim(cluster, ns, "drafts")
-    output = fakes.flag(_command(quantize), "--output")
+    output = fakes.flag(fakes.command(quantize), "--output")
     job = _real_node_job(quantize, ["python3", "-c", EXPORT_SCRIPT, output])
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", job)
     (log,) = _finished_job_logs(cluster, ns, "llama-quantize", pods=1).values()
@@ -471,7 +467,7 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
     cluster.request(
         "POST", f"/api/v1/namespaces/{ns}/services", _real_node_service(service, ("selector", "ports"))
     )
-    server_command = stream["spec"]["template"]["spec"]["containers"][0]["command"]
+    server_command = fakes.command(stream)
     port, stream_port = fakes.flag(server_command, "--port"), fakes.flag(server_command, "--stream-port")
     deployment = {
         "apiVersion": "apps/v1",
@@ -482,7 +478,7 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
                                                       ["python3", "-c", STREAM_SERVER_SCRIPT, port, stream_port])},
     }  # fmt: skip
     cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
-    server = fakes.flag(_command(train), "--server")
+    server = fakes.flag(fakes.command(train), "--server")
     client = ["python3", "-c", STREAM_CLIENT_SCRIPT, server, str(_port(service, "stream"))]
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, client))
     (log,) = _finished_job_logs(cluster, ns, "llama-train", pods=1).values()
