@@ -1,4 +1,6 @@
-"""Builders of API objects as the API server returns them, for the planner unit tests (no cluster)."""
+"""Builders of API objects as the API server returns them, what the tests' stage pods report, and
+lookups into planned objects: for the planner unit tests, and the cluster and chart tests that play
+the stage pods."""
 
 from __future__ import annotations
 
