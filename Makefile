@@ -45,7 +45,7 @@ lint: ## ruff check
 	@venv=$$(hack/python-env.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .
 
 crds: ## regenerate crds/ and the chart's CRDs from the API models
-	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_operator.api.crdgen
+	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_api.crdgen
 
 cluster: ## start the local control plane with fake AMD GPU nodes and a real node; Ctrl-C stops it
 	@hack/system-deps.sh
