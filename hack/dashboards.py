@@ -132,7 +132,8 @@ def spec_decode_dashboard() -> dashboard.Dashboard:
         return f"sum by ({by}) (rate({metric}{{{select}}}[$__rate_interval]))"
 
     def inter_token_latency(quantile: float) -> str:
-        return f"histogram_quantile({quantile}, {rate('vllm:inter_token_latency_seconds_bucket', 'namespace, specdecodedeployment, le')})"
+        buckets = rate("vllm:inter_token_latency_seconds_bucket", "namespace, specdecodedeployment, le")
+        return f"histogram_quantile({quantile}, {buckets})"
 
     def per_revision(metric: str) -> prometheus.Dataquery:
         expr = f"max by (namespace, specdecodedeployment, revision) ({metric}{{{select}}})"
@@ -418,7 +419,9 @@ def training_dashboard() -> dashboard.Dashboard:
                 "95th percentile of a reconcile's duration.",
                 "s",
                 query(
-                    f"histogram_quantile(0.95, {operator_rate('eagle3_operator_reconcile_duration_seconds_bucket', 'kind, le')})",
+                    "histogram_quantile(0.95, "
+                    + operator_rate("eagle3_operator_reconcile_duration_seconds_bucket", "kind, le")
+                    + ")",
                     "{{kind}}",
                 ),
             ).span(8)
