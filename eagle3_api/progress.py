@@ -1,13 +1,15 @@
 """Progress while a stage runs: the record a stage pod puts in its `eagle3.ai/progress` annotation
 (and the workspace's progress/STAGE.json), which the operator copies to `status.progress`.
 
-One model on both sides: the runtime's ProgressReporter builds it, the operator parses it, and a
-field one side does not know is an error, not a silent drop. See docs/contracts.md.
+One model on both sides: the runtime's ProgressReporter builds it with `extra="forbid"` (a field
+the model does not know is an error there, not a silent drop), and the operator parses the
+annotation with it. Reading, it ignores unknown fields like every API part (eagle3_api.base): a
+newer runtime image may still report to an older operator. See docs/contracts.md.
 """
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from eagle3_api.base import ApiModel
 from eagle3_api.stages import TrainingStageName
@@ -17,8 +19,6 @@ PROGRESS_ANNOTATION = "eagle3.ai/progress"
 
 class Progress(ApiModel):
     """The latest progress record of the running stage (the pods' eagle3.ai/progress annotation)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     stage: TrainingStageName = Field(description="Stage reporting.")
     step: int | None = Field(None, description="Training step (or evaluation item).")

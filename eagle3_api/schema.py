@@ -50,8 +50,6 @@ def _convert(
             continue
         if key == "additionalProperties" and value is True:
             continue  # free-form objects say so with x-kubernetes-preserve-unknown-fields
-        if key == "additionalProperties" and value is False:
-            continue  # extra="forbid": the API server prunes unknown fields (and refuses this beside properties)
         if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             # JSON Schema 2020 numbers -> OpenAPI v3.0 boolean flags.
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value

@@ -41,8 +41,9 @@ class ProgressReporter:
     def report(self, *, force: bool = False, **fields: Any) -> None:
         """`fields`: Progress's own (snake_case) besides stage and updated_at, which this sets. The
         record is built before the throttle, so a field Progress does not know fails at once."""
-        progress = Progress(
-            stage=self.stage, updated_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **fields
+        updated_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        progress = Progress.model_validate(
+            {"stage": self.stage, "updated_at": updated_at, **fields}, extra="forbid"
         )
         now = time.monotonic()
         if not force and now - self._last_sent < self.min_interval_s:

@@ -90,9 +90,9 @@ def test_a_spec_that_asks_for_every_stage_runs_them_in_the_list_order():
     assert stage_plan.stages(DraftTraining.model_validate(body)) == list(TRAINING_STAGES)
 
 
-def test_progress_refuses_a_field_it_does_not_know():
+def test_progress_as_the_runtime_writes_it_refuses_a_field_it_does_not_know():
     with pytest.raises(ValidationError, match="tokensPerSec"):
-        Progress.model_validate({"stage": "generate", "tokensPerSec": 10.0})
+        Progress.model_validate({"stage": "generate", "tokensPerSec": 10.0}, extra="forbid")
     with pytest.raises(ValidationError, match="stage"):
         Progress.model_validate({"stage": "pipeline"})  # not a DraftTraining stage
 
@@ -117,6 +117,9 @@ def test_what_the_runtime_reports_the_operator_reads_field_for_field(tmp_path, m
         return {"metadata": {"annotations": {PROGRESS_ANNOTATION: record}}}
 
     older = json.dumps(record | {"samples": 1, "updatedAt": "2026-01-01T00:00:00Z"})
-    unknown = json.dumps(record | {"updatedAt": "2027-01-01T00:00:00Z", "extra": 1})
-    newest = latest_progress([pod(older), pod(json.dumps(record)), pod(unknown), pod("not json")])
+    newest = latest_progress([pod(older), pod(json.dumps(record)), pod("not json")])
     assert newest is not None and newest.to_json() == record
+    # From a newer runtime image, as every API part reads: the operator keeps the fields it knows.
+    newer = record | {"updatedAt": "2099-01-01T00:00:00Z"}
+    read = latest_progress([pod(json.dumps(record)), pod(json.dumps(newer | {"learningRate": 1e-4}))])
+    assert read is not None and read.to_json() == newer

@@ -125,7 +125,7 @@ def lacks_pods(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
 
 def latest_progress(pods: list[dict[str, Any]]) -> Progress | None:
     """The newest `eagle3.ai/progress` record among the pods (docs/contracts.md). A record the
-    Progress model rejects is left out: progress is informational only."""
+    Progress model refuses (not JSON, a wrong type) is left out: progress is informational only."""
     best: Progress | None = None
     for pod in pods:
         text = (pod["metadata"].get("annotations") or {}).get(PROGRESS_ANNOTATION)
