@@ -6,9 +6,8 @@ starting at 1; K = 0 turns speculation off for that range. vLLM carries a range'
 gap and past the last range, and caps every K at `num_speculative_tokens`, so a schedule is served
 with `num_speculative_tokens` = its largest K.
 
-Contract, not runtime: the schedule is API data (a DraftTraining's `status.sweep.schedule`, which
-the sweep stage builds and a SpecDecodeDeployment serves); the runtime builds it and the operator
-checks and serves it by the same rules.
+Contract, not runtime: the schedule is API data (a DraftTraining's `status.sweep.schedule`): the
+sweep stage builds it, and the operator checks it and serves it to vLLM, by the same rules.
 """
 
 from __future__ import annotations
