@@ -45,7 +45,7 @@ lint: ## ruff check
 	@venv=$$(hack/python-env.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .
 
 crds: ## regenerate crds/ and the chart's CRDs from the API models
-	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_operator.api.crdgen
+	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_api.crdgen
 
 dashboards: ## regenerate the chart's Grafana dashboards (files/dashboards/*.json) from hack/dashboards.py
 	@venv=$$(hack/python-env.sh) && $$venv/bin/python hack/dashboards.py

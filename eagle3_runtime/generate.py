@@ -49,7 +49,7 @@ from eagle3_runtime.conversation_shards import (
     write_json_lines,
 )
 from eagle3_runtime.conversations import FORMAT, MANIFEST, ConversationRecord
-from eagle3_runtime.layout import write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts, sample_plan, source_files
 from eagle3_runtime.vllm_client import (
@@ -273,9 +273,9 @@ async def _generate_all(
                     remaining = len(todo) - state["done"]
                     reporter.report(
                         samples=config.num_samples - remaining,
-                        totalSamples=config.num_samples,
-                        tokensPerSecond=round(rate, 1),
-                        etaSeconds=round(remaining * elapsed / state["done"]) if state["done"] else None,
+                        total_samples=config.num_samples,
+                        tokens_per_second=round(rate, 1),
+                        eta_seconds=round(remaining * elapsed / state["done"]) if state["done"] else None,
                         force=remaining == 0,
                     )
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_runtime.layout import write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 
 FORMAT = "eagle3-hidden-states/v1"
 MANIFEST = "manifest.json"

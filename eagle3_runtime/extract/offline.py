@@ -126,5 +126,5 @@ def write_offline_shards(
     for count, sample in enumerate(samples_for(records[done:]), done + 1):
         writer.add(sample)
         if reporter:
-            reporter.report(samples=count, totalSamples=len(records), force=count == len(records))
+            reporter.report(samples=count, total_samples=len(records), force=count == len(records))
     return writer.close()

@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
 from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig, add_prompts_argument
 from eagle3_runtime.evaluate.evaluations import context_metrics
-from eagle3_runtime.layout import StageResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH, iter_token_records
 from eagle3_runtime.extract.offline import file_samples, with_target_top1, write_offline_shards
 from eagle3_runtime.extract.server import start_extraction_server
 from eagle3_runtime.hidden_states import MANIFEST, read_manifest
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead, load_target_config

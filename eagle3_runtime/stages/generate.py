@@ -6,9 +6,10 @@ import argparse
 import json
 from dataclasses import asdict
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH
 from eagle3_runtime.generate import GenerateConfig, run_generate
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.vllm_client import ChatSettings, RetryPolicy, SamplingSettings

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.config import add_prompts_argument
 from eagle3_runtime.evaluate.sweep import SweepConfig, run_sweep
-from eagle3_runtime.layout import StageResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

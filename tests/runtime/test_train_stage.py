@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import HiddenStateSample, write_samples
-from eagle3_runtime.layout import Workspace
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from eagle3_operator.api.base import (
+from eagle3_api.base import (
     FREE_FORM_OBJECT,
     ApiModel,
     DnsName,

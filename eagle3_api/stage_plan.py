@@ -5,8 +5,7 @@ The operator's Job builder (eagle3_operator.reconcile.training_children) and `ea
 (eagle3_runtime.pipeline.runner) both take their commands from here, so a manifest runs the
 same commands in pods and on one machine. Only where things live differs, and a `Locations`
 says it: in a pod, the workspace and the spec's claims are mounted volumes; locally they are
-folders. Pure: imports the API models and eagle3_runtime.layout only (no kopf, kubernetes,
-torch or vLLM).
+folders. Pure: imports the rest of eagle3_api only (no kopf, kubernetes, torch or vLLM).
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
-from eagle3_operator.api.draft_training import DraftTraining, PromptSource
-
-from eagle3_runtime.layout import Workspace
+from eagle3_api.draft_training import DraftTraining, PromptSource
+from eagle3_api.stages import TRAINING_STAGES
+from eagle3_api.workspace import Workspace
 
 # Per-object workspace directories live under this folder of the claim (workspace_path).
 WORKSPACE_RUNS = "runs"
@@ -74,18 +73,14 @@ def workspace_path(dt: DraftTraining) -> str:
 
 
 def stages(dt: DraftTraining) -> list[str]:
-    """The stages in the order they run."""
+    """The stages in the order they run: eagle3_api.stages's, less those the spec leaves out."""
     spec = dt.spec
-    order = ["generate"]
-    if spec.hidden_states.mode == "offline":
-        order.append("extract")
-    order += ["train", "evaluate", "select"]
-    if spec.evaluation.sweep:
-        order.append("sweep")
-    order.append("export")
-    if spec.export.quantize != "none":
-        order.append("quantize")
-    return order
+    skipped = {
+        "extract": spec.hidden_states.mode != "offline",
+        "sweep": not spec.evaluation.sweep,
+        "quantize": spec.export.quantize == "none",
+    }
+    return [stage for stage in TRAINING_STAGES if not skipped.get(stage, False)]
 
 
 def server_for(dt: DraftTraining, stage: str | None) -> str | None:
