@@ -102,6 +102,12 @@ class TargetSpec(ApiModel):
                     "gpus must be at least tensorParallelSize",
                     field_path=".gpus",
                 ),
+                cel(
+                    "!has(self.revision) || !self.model.startsWith('pvc://')",
+                    "revision names a version of a Hugging Face id; a pvc:// model is one directory, "
+                    "so leave revision out (point model at the directory of the version you want)",
+                    field_path=".revision",
+                ),
             ]
         }
     }

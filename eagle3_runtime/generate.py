@@ -80,6 +80,7 @@ class GenerateConfig:
     on_bad_row: str = "skip"
     samples_per_shard: int = 256
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    target_revision: str | None = None  # the revision the server serves, recorded in the plan
 
 
 @dataclass
@@ -112,6 +113,8 @@ def _plan_fingerprint(config: GenerateConfig) -> dict:
         "samples_per_shard": config.samples_per_shard,
         "sampling": asdict(config.sampling),
         "chat": asdict(config.chat),
+        # Only when pinned, so plans written before revisions were recorded still resume.
+        **({"target_revision": config.target_revision} if config.target_revision else {}),
     }
 
 

@@ -24,6 +24,7 @@ from eagle3_api.workspace import Workspace
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.model.loss import TTTBatch, TTTStats, compiled_ttt_loss, ttt_loss
 from eagle3_runtime.model.vocab import DraftVocab
+from eagle3_runtime.pinned_target import PinnedTarget
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead
 from eagle3_runtime.train.checkpoint import complete_checkpoints, read_checkpoint, write_checkpoint
@@ -171,7 +172,7 @@ class DraftTrainer:
         workspace: Workspace | None = None,
         progress: ProgressReporter | None = None,
         show_progress_bar: bool = True,
-        target_name: str | None = None,
+        target: PinnedTarget | None = None,
     ):
         if settings.steps <= 0:
             raise ValueError(f"--steps must be positive, got {settings.steps}")
@@ -188,7 +189,7 @@ class DraftTrainer:
             )
         self.settings, self.context, self.workspace, self.progress = settings, context, workspace, progress
         self.show_progress_bar = show_progress_bar and context.is_main
-        self.draft_config, self.vocab, self.target_name = draft_config, vocab, target_name
+        self.draft_config, self.vocab, self.target = draft_config, vocab, target
         device = context.device
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -367,7 +368,7 @@ class DraftTrainer:
             manifest = {
                 "metrics": {k: v for k, v in self.last_summary.items() if k != "step"},
                 "settings": asdict(self.settings),
-                "target": self.target_name,
+                **(self.target.manifest_fields() if self.target else {}),
                 "initialization": self.initialization,
             }
             model_state = {k: v for k, v in model_state.items() if not k.startswith("embed_tokens.")}
@@ -386,11 +387,8 @@ class DraftTrainer:
         from eagle3_runtime.export import read_eagle3_dir
 
         manifest, state = read_checkpoint(self.workspace, step)
-        if self.target_name and manifest.get("target") not in (None, self.target_name):
-            raise ValueError(
-                f"checkpoint step-{step:08d} was trained for target {manifest['target']}, this run's target is "
-                f"{self.target_name}: train for another target in a new workspace"
-            )
+        if self.target:
+            self.target.check(manifest, f"checkpoint step-{step:08d}")
         config, weights = read_eagle3_dir(self.workspace.checkpoint_dir(step))
         if config.get("num_hidden_layers", 1) != self.draft_config.num_hidden_layers:
             raise ValueError(

@@ -119,3 +119,35 @@ def test_data_generation_settings_reach_eagle3_generate():
     )
     assert (defaults.regenerate_turns, defaults.chat_template_kwargs) == ("all", None)
     assert (defaults.max_length, defaults.long_samples) == (2047, "truncate")
+
+
+@pytest.mark.parametrize("mode", ["offline", "streaming"])
+def test_every_stage_that_reads_the_target_reads_its_pinned_revision(mode):
+    """target.revision reaches the vLLM servers as --revision (reconcile/pods.py) and, as
+    --target-revision, every stage that reads the target's files itself or records the data's target;
+    each stage's own parser reads it."""
+    import argparse
+    import importlib
+
+    training = _training(
+        target={"model": "acme/tiny", "revision": "v2"},
+        hiddenStates={"mode": mode},
+        evaluation={"sweep": {"maxSpeculativeTokens": 2}},
+    )
+    commands = {
+        "generate": stage_plan.stage_argv(training, "generate", _Anywhere(), server="http://t"),
+        "train": stage_plan.stage_argv(training, "train", _Anywhere(), server="http://s"),
+        "evaluate": stage_plan.stage_argv(training, "evaluate", _Anywhere(), step=4),
+        "sweep": stage_plan.stage_argv(training, "sweep", _Anywhere()),
+    }
+    if mode == "offline":
+        commands["extract"] = stage_plan.stage_argv(training, "extract", _Anywhere())
+    else:
+        commands["extract"] = stage_plan.stream_server_argv(training, _Anywhere(), 8000, 5600)
+    for stage, argv in commands.items():
+        parser = argparse.ArgumentParser()
+        importlib.import_module(f"eagle3_runtime.stages.{stage}").add_arguments(parser)
+        assert parser.parse_args(argv[1:]).target_revision == "v2", (stage, argv)
+
+    unpinned = stage_plan.stage_argv(_training(), "train", _Anywhere())
+    assert "--target-revision" not in unpinned

@@ -223,6 +223,4 @@ def test_resuming_with_another_layer_count_is_refused(tmp_path, target_dir):
     other_target = tmp_path / "other-target"
     other_target.symlink_to(target_dir)
     message = _failure(workspace, other_target)
-    assert (
-        f"step-00000002 was trained for target {target_dir}, this run's target is {other_target}" in message
-    )
+    assert f"step-00000002 was made from target {target_dir}, this run's target is {other_target}" in message
