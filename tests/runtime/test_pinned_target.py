@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import huggingface_hub.constants
 import pytest
 import torch
 
@@ -25,8 +26,9 @@ def hub_cache(tmp_path, monkeypatch):
         (snapshot / "chat_template.jinja").write_text("{{ messages }}")
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / tag).write_text(commit)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads its environment once, at import: set what it looks up at call time.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     return repo
 
 
