@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 PYTEST_ARGS ?=
 
-.PHONY: help env testbed test e2e test-gpu test-families test-demo lint cluster demo crds
+.PHONY: help env testbed test e2e test-gpu test-families test-demo lint cluster demo crds dashboards
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,7 +45,10 @@ lint: ## ruff check
 	@venv=$$(hack/python-env.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .
 
 crds: ## regenerate crds/ and the chart's CRDs from the API models
-	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_operator.api.crdgen
+	@venv=$$(hack/python-env.sh) && $$venv/bin/python -m eagle3_api.crdgen
+
+dashboards: ## regenerate the chart's Grafana dashboards (files/dashboards/*.json) from hack/dashboards.py
+	@venv=$$(hack/python-env.sh) && $$venv/bin/python hack/dashboards.py
 
 cluster: ## start the local control plane with fake AMD GPU nodes and a real node; Ctrl-C stops it
 	@hack/system-deps.sh

@@ -19,20 +19,12 @@ import logging
 import sys
 import traceback
 
-from eagle3_runtime.layout import DEFAULT_RESULT_FILE, StageResult, write_result
+from eagle3_api import stages
+from eagle3_api.stage_result import DEFAULT_RESULT_FILE, StageResult
+from eagle3_runtime.files import write_result
 
-STAGES = {
-    "generate": "regenerate on-policy training data from a vLLM target server",
-    "extract": "extract target hidden states: offline shards on disk, or a streaming server for the trainer",
-    "train": "train the EAGLE-3 draft head (TTT loss; FSDP2 under torchrun)",
-    "evaluate": "serve a checkpoint with vLLM speculative decoding and measure acceptance",
-    "select": "pick the best checkpoint by measured acceptance length",
-    "sweep": "measure tokens/s at K = 0..Kmax over a ladder of concurrencies -> the per-batch-size K schedule",
-    "export": "write a checkpoint as a vLLM-loadable draft directory",
-    "quantize": "quantise an exported draft with AMD Quark (fp8, mxfp4)",
-    "verify": "check that a draft changes no greedy output and reaches an acceptance floor",
-    "pipeline": "run the whole pipeline on this machine (no cluster)",
-}
+# name -> one-line help, from the one stage list
+STAGES = {stage.name: stage.summary for stage in stages.STAGES}
 
 
 def _stage_module(name: str):

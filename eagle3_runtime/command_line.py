@@ -3,7 +3,8 @@
 Out: `flags({"--flag": value})` is argv in the dict's order; a value of None leaves the flag
 out, True writes it bare (`--no-enable-prefix-caching`), anything else is written with `str()`.
 In: `config_from_args(Config, args)` is a stage's config dataclass from its parsed flags, one
-field per flag of the same name.
+field per flag of the same name (`overrides` replace a flag's value as parsed, e.g. by a pinned
+target's local path).
 """
 
 from __future__ import annotations
@@ -25,5 +26,5 @@ def flags(options: Mapping[str, object]) -> list[str]:
     return argv
 
 
-def config_from_args(config_type: type[Config], args: argparse.Namespace) -> Config:
-    return config_type(**{f.name: getattr(args, f.name) for f in fields(config_type)})
+def config_from_args(config_type: type[Config], args: argparse.Namespace, **overrides: object) -> Config:
+    return config_type(**{f.name: overrides.get(f.name, getattr(args, f.name)) for f in fields(config_type)})

@@ -40,6 +40,8 @@ from typing import Any, Literal
 
 import torch
 
+from eagle3_runtime.pinned_target import resolve_model_path
+
 log = logging.getLogger(__name__)
 
 FORMAT = "eagle3-conversations/v1"
@@ -279,7 +281,5 @@ def iter_token_records(
 
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer
-
-    from eagle3_runtime.target import resolve_model_path
 
     return AutoTokenizer.from_pretrained(resolve_model_path(model))

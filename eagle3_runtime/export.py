@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_runtime.layout import LATEST_EXPORT, export_version, write_json_atomic
+from eagle3_api.workspace import LATEST_EXPORT, export_version
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.model.config import draft_config_dict
 
 WEIGHTS_FILE = "model.safetensors"

@@ -49,7 +49,7 @@ from eagle3_runtime.conversation_shards import (
     write_json_lines,
 )
 from eagle3_runtime.conversations import FORMAT, MANIFEST, ConversationRecord
-from eagle3_runtime.layout import write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts, sample_plan, source_files
 from eagle3_runtime.vllm_client import (
@@ -80,6 +80,7 @@ class GenerateConfig:
     on_bad_row: str = "skip"
     samples_per_shard: int = 256
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    target_revision: str | None = None  # the revision the server serves, recorded in the plan
 
 
 @dataclass
@@ -112,6 +113,8 @@ def _plan_fingerprint(config: GenerateConfig) -> dict:
         "samples_per_shard": config.samples_per_shard,
         "sampling": asdict(config.sampling),
         "chat": asdict(config.chat),
+        # Only when pinned, so plans written before revisions were recorded still resume.
+        **({"target_revision": config.target_revision} if config.target_revision else {}),
     }
 
 
@@ -273,9 +276,9 @@ async def _generate_all(
                     remaining = len(todo) - state["done"]
                     reporter.report(
                         samples=config.num_samples - remaining,
-                        totalSamples=config.num_samples,
-                        tokensPerSecond=round(rate, 1),
-                        etaSeconds=round(remaining * elapsed / state["done"]) if state["done"] else None,
+                        total_samples=config.num_samples,
+                        tokens_per_second=round(rate, 1),
+                        eta_seconds=round(remaining * elapsed / state["done"]) if state["done"] else None,
                         force=remaining == 0,
                     )
 

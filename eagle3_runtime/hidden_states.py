@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_runtime.layout import write_json_atomic
+from eagle3_runtime.files import write_json_atomic
+from eagle3_runtime.pinned_target import PinnedTarget
 
 FORMAT = "eagle3-hidden-states/v1"
 MANIFEST = "manifest.json"
@@ -69,6 +70,11 @@ class HiddenStateManifest:
     num_hidden_layers: int
     hidden_size: int
     shards: list[dict]  # {"file", "num_samples", "num_tokens"}
+    # The target and revision the states are of (pinned_target.py); empty in older manifests.
+    target: dict = field(default_factory=dict)
+
+    def check_target(self, target: PinnedTarget, directory: str | Path) -> None:
+        target.check(self.target, f"the hidden states in {directory}")
 
     @property
     def num_samples(self) -> int:
@@ -94,6 +100,7 @@ class ShardWriter:
         num_hidden_layers: int,
         hidden_size: int,
         samples_per_shard: int = 64,
+        target: PinnedTarget | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -103,6 +110,9 @@ class ShardWriter:
                 f"{self.directory} holds states for layers {existing.layer_ids} (hidden {existing.hidden_size}); "
                 f"refusing to append layers {layer_ids} (hidden {hidden_size})"
             )
+        if existing and target:
+            existing.check_target(target, self.directory)
+        self.target = target.manifest_fields() if target else {}
         self.layer_ids, self.num_hidden_layers, self.hidden_size = layer_ids, num_hidden_layers, hidden_size
         self.samples_per_shard = samples_per_shard
         self.shards: list[dict] = list(existing.shards) if existing else []
@@ -157,6 +167,7 @@ class ShardWriter:
                 "num_hidden_layers": self.num_hidden_layers,
                 "hidden_size": self.hidden_size,
                 "shards": self.shards,
+                **self.target,
             },
         )
 
@@ -173,7 +184,13 @@ def read_manifest(directory: str | Path) -> HiddenStateManifest:
     for shard in raw["shards"]:
         if not (Path(directory) / shard["file"]).exists():
             raise FileNotFoundError(f"{path} lists {shard['file']}, which is missing")
-    return HiddenStateManifest(raw["layer_ids"], raw["num_hidden_layers"], raw["hidden_size"], raw["shards"])
+    return HiddenStateManifest(
+        raw["layer_ids"],
+        raw["num_hidden_layers"],
+        raw["hidden_size"],
+        raw["shards"],
+        {key: raw.get(key) for key in ("target", "target_revision") if key in raw},
+    )
 
 
 def iter_shard_samples(directory: str | Path) -> Iterator[HiddenStateSample]:

@@ -23,6 +23,7 @@ from torch import nn
 
 from eagle3_runtime.hidden_states import HiddenStateSample
 from eagle3_runtime.model.config import text_config
+from eagle3_runtime.pinned_target import resolve_model_path
 
 # Where checkpoints keep the text model's tensors: plain causal LMs (`model.`), Hugging Face
 # multimodal classes (`model.language_model.`), original multimodal checkpoints such as
@@ -34,16 +35,6 @@ HEAD_PREFIXES = ("", "language_model.", "model.language_model.")
 EMBED_KEYS = tuple(f"{p}embed_tokens.weight" for p in TEXT_MODEL_PREFIXES)
 NORM_KEYS = tuple(f"{p}norm.weight" for p in TEXT_MODEL_PREFIXES)
 LM_HEAD_KEYS = tuple(f"{p}lm_head.weight" for p in HEAD_PREFIXES)
-
-
-def resolve_model_path(model: str) -> Path:
-    """A local directory as is; otherwise a Hugging Face id from the local hub cache (or the hub)."""
-    path = Path(model)
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
 
 
 def load_target_config(model: str) -> Any:

@@ -28,7 +28,7 @@ import httpx
 
 from eagle3_runtime.evaluate.config import speculative_config
 from eagle3_runtime.evaluate.counters import SpecCounters, read_spec_counters
-from eagle3_runtime.layout import write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts
 from eagle3_runtime.vllm_client import RetryPolicy, _post_with_retries
 from eagle3_runtime.vllm_server import VLLMServer

@@ -29,7 +29,8 @@ if [[ ! -f $venv/.complete ]]; then
 fi
 # The project itself, editable, so the checkout under test is what runs.
 if [[ $("$venv/bin/pip" --version | cut -d' ' -f2) != 25.3 ]]; then "$venv/bin/pip" install -q pip==25.3 >&2; fi
-if ! "$venv/bin/python" -c 'import eagle3_runtime, eagle3_operator, sys; sys.exit(0 if eagle3_runtime.__file__.startswith(sys.argv[1]) else 1)' "$root" 2>/dev/null; then
+# -P: not from the current directory, where a checkout's packages would import without the install.
+if ! "$venv/bin/python" -P -c 'import eagle3_api, eagle3_runtime, eagle3_operator, sys; sys.exit(0 if eagle3_runtime.__file__.startswith(sys.argv[1]) else 1)' "$root" 2>/dev/null; then
   "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$root" >&2
 fi
 echo "$venv"

@@ -137,8 +137,7 @@ def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None):
 
 
 def run(args: argparse.Namespace) -> None:
-    from eagle3_operator.api.draft_training import DraftTraining
-
+    from eagle3_api.draft_training import DraftTraining
     from eagle3_runtime.pipeline.runner import PipelineRunner, run_stage
 
     workspace = args.workspace

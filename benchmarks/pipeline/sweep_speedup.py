@@ -47,12 +47,12 @@ def main() -> None:
 
     from eagle3_operator.reconcile.serving import ServingObserved, plan_serving
 
+    from eagle3_api.sweep_schedule import k_at
     from eagle3_runtime.cli import build_parser
     from eagle3_runtime.command_line import config_from_args
     from eagle3_runtime.evaluate.config import target_server
     from eagle3_runtime.evaluate.rounds import BASELINE, CANDIDATE, load_average, prompt_domains
     from eagle3_runtime.evaluate.sweep import SweepConfig, measure_ladder
-    from eagle3_runtime.evaluate.sweep_schedule import k_at
     from eagle3_runtime.export import EXPORT_MANIFEST
     from eagle3_runtime.pipeline.runner import PipelineRunner
     from eagle3_runtime.vllm_server import VLLMServer

@@ -8,9 +8,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from eagle3_api.workspace import Workspace, content_hash
 from eagle3_runtime.evaluate.config import SERVED_NAME, EvaluateConfig, target_server
 from eagle3_runtime.evaluate.rounds import load_average, measure, prompt_domains, utc_now
-from eagle3_runtime.layout import Workspace, content_hash, write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 
 BASELINE_LOG = "evaluate-baseline-vllm"
 

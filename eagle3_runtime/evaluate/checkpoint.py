@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.evaluate.baseline import BASELINE_LOG, cached_baseline
 from eagle3_runtime.evaluate.config import SERVED_NAME, EvaluateConfig, target_server
 from eagle3_runtime.evaluate.context_lengths import ContextBucket, evaluation_buckets, measure_buckets
@@ -23,7 +24,7 @@ from eagle3_runtime.evaluate.rounds import (
     summarise,
 )
 from eagle3_runtime.export import copy_draft_dir
-from eagle3_runtime.layout import Workspace, write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.train.checkpoint import MANIFEST
 
 log = logging.getLogger(__name__)

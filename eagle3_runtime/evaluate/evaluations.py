@@ -7,7 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from eagle3_runtime.layout import Workspace, write_json_atomic
+from eagle3_api.workspace import Workspace
+from eagle3_runtime.files import write_json_atomic
 
 
 def checkpoint_evaluations(workspace: Workspace) -> list[dict]:

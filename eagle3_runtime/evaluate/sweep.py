@@ -16,6 +16,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_api.sweep_schedule import max_k, schedule_from_best
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.evaluate.checkpoint import resolve_checkpoint, served_draft, speedup
 from eagle3_runtime.evaluate.config import SERVED_NAME, EvaluateConfig, target_server
 from eagle3_runtime.evaluate.rounds import (
@@ -29,8 +31,7 @@ from eagle3_runtime.evaluate.rounds import (
     summarise,
     utc_now,
 )
-from eagle3_runtime.evaluate.sweep_schedule import max_k, schedule_from_best
-from eagle3_runtime.layout import Workspace, write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.prompt_sources import SourceSpec
 
 log = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from eagle3_runtime.extract.server import request_hidden_states, served_model
 from eagle3_runtime.hidden_states import HiddenStateSample, ShardWriter
+from eagle3_runtime.pinned_target import PinnedTarget
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead
 
@@ -114,11 +115,12 @@ def write_offline_shards(
     hidden_size: int,
     samples_per_shard: int = 64,
     reporter: ProgressReporter | None = None,
+    target: PinnedTarget | None = None,
 ):
     """Append the samples of `records` not yet in `output_dir`; `samples_for(pairs)` computes them."""
     writer = ShardWriter(
         output_dir, layer_ids=layer_ids, num_hidden_layers=num_hidden_layers, hidden_size=hidden_size,
-        samples_per_shard=samples_per_shard,
+        samples_per_shard=samples_per_shard, target=target,
     )  # fmt: skip
     done = writer.samples_written
     if done:
@@ -126,5 +128,5 @@ def write_offline_shards(
     for count, sample in enumerate(samples_for(records[done:]), done + 1):
         writer.add(sample)
         if reporter:
-            reporter.report(samples=count, totalSamples=len(records), force=count == len(records))
+            reporter.report(samples=count, total_samples=len(records), force=count == len(records))
     return writer.close()

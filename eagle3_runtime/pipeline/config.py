@@ -1,8 +1,8 @@
 """What `eagle3 pipeline` runs: a DraftTraining manifest (or its bare spec) in YAML, and where its
 volumes are on this machine.
 
-The file is validated with the operator's own API models (eagle3_operator.api), and the stage
-commands come from eagle3_runtime.stage_plan, as the operator's Jobs' do: a manifest that runs
+The file is validated with the API models the operator uses (eagle3_api), and the stage
+commands come from eagle3_api.stage_plan, as the operator's Jobs' do: a manifest that runs
 here runs the same commands on a cluster, and vice versa. Only the places differ: the
 workspace PVC is the `--workspace` folder, and every other claim the spec names (a
 `pvc://CLAIM/PATH` model, the `claimName` + `path` of a data source, of an evaluation prompt
@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from eagle3_operator import API_VERSION
-from eagle3_operator.api.draft_training import KIND, DraftTraining
 from pydantic import ValidationError
 
-from eagle3_runtime import stage_plan
+from eagle3_api import API_VERSION, stage_plan
+from eagle3_api.draft_training import KIND, DraftTraining
 
 
 @dataclass

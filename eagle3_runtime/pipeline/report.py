@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3_operator.api.draft_training import DraftTraining
-
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.evaluate.evaluations import checkpoint_evaluations
-from eagle3_runtime.layout import Workspace
 from eagle3_runtime.train.trainer import METRICS_FILE
 
 

@@ -1,5 +1,5 @@
 """Runs the DraftTraining stages on one machine, with the exact `eagle3 <stage>` commands the
-operator's pods run (eagle3_runtime.stage_plan, each through the CLI's own argument parser),
+operator's pods run (eagle3_api.stage_plan, each through the CLI's own argument parser),
 plus the vLLM servers they need.
 
 Every stage is a no-op when its output is complete, so re-running a killed pipeline resumes it.
@@ -12,11 +12,14 @@ import logging
 import time
 from pathlib import Path
 
-from eagle3_runtime import cli, stage_plan
+from eagle3_api import stage_plan
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
+from eagle3_runtime import cli
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.baseline import measure_baseline
 from eagle3_runtime.evaluate.config import EvaluateConfig
-from eagle3_runtime.layout import StageResult, Workspace, write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.pipeline.config import PipelineConfig
 from eagle3_runtime.train.checkpoint import finished_training
 from eagle3_runtime.vllm_server import VLLMServer

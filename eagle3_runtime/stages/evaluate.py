@@ -20,16 +20,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
 from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig, add_prompts_argument
 from eagle3_runtime.evaluate.evaluations import context_metrics
-from eagle3_runtime.layout import StageResult
+from eagle3_runtime.pinned_target import add_target_arguments, pin_target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, type=Path)
-    parser.add_argument("--target", required=True, help="target model: Hugging Face id or local directory")
+    add_target_arguments(parser)
     parser.add_argument(
         "--checkpoint", required=True, help="step-N (a training checkpoint) or a draft directory"
     )
@@ -84,4 +85,8 @@ def evaluation_result(evaluation: dict) -> StageResult:
 
 
 def run(args: argparse.Namespace) -> StageResult:
-    return evaluation_result(evaluate_checkpoint(config_from_args(EvaluateConfig, args)))
+    return evaluation_result(
+        evaluate_checkpoint(
+            config_from_args(EvaluateConfig, args, target=pin_target(args.target, args.target_revision).path)
+        )
+    )

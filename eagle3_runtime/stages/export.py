@@ -6,9 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.evaluate.sweep import sweep_file
 from eagle3_runtime.export import copy_draft_dir, publish_draft, staging_dir, write_speculators_dir
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.train.checkpoint import MANIFEST
 
 

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import torch
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH, iter_token_records
 from eagle3_runtime.extract.offline import file_samples, with_target_top1, write_offline_shards
 from eagle3_runtime.extract.server import start_extraction_server
 from eagle3_runtime.hidden_states import MANIFEST, read_manifest
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.model.config import resolve_layer_ids
+from eagle3_runtime.pinned_target import add_target_arguments, pin_target
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead, load_target_config
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, type=Path)
     parser.add_argument("--mode", choices=["offline", "streaming"], default="offline")
-    parser.add_argument("--target", required=True, help="target model: Hugging Face id or local directory")
+    add_target_arguments(parser)
     parser.add_argument("--server", help="a running extraction server (offline mode); default: start one")
     parser.add_argument("--layer-ids", default="auto", help="auto or three target layer ids, e.g. 2,16,29")
     parser.add_argument(
@@ -58,25 +60,29 @@ def _result(directory: Path, message: str) -> StageResult:
 
 def run(args: argparse.Namespace) -> StageResult:
     workspace = Workspace(args.workspace)
-    config = load_target_config(args.target)
+    target = pin_target(args.target, args.target_revision)
+    config = load_target_config(target.path)
     layer_ids = resolve_layer_ids(args.layer_ids, config.num_hidden_layers)
     if args.mode == "streaming":
-        return _serve_streaming(args, workspace, layer_ids, config.num_hidden_layers)
+        return _serve_streaming(args, target.path, workspace, layer_ids, config.num_hidden_layers)
 
     output = workspace.hidden_states_dir
-    records = list(iter_token_records(workspace.data_dir, args.target, args.max_length))
+    records = list(iter_token_records(workspace.data_dir, target.path, args.max_length))
     if not records:
         raise ValueError(f"{workspace.data_dir} has no conversations with tokens to learn")
-    if (output / MANIFEST).exists() and read_manifest(output).num_samples >= len(records):
-        return _result(output, "already extracted")
+    if (output / MANIFEST).exists():
+        extracted = read_manifest(output)
+        extracted.check_target(target, output)
+        if extracted.num_samples >= len(records):
+            return _result(output, "already extracted")
     scratch = args.scratch_dir or workspace.root / ".extract-scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     # The target's head gives the top-1 stored with the states (on the GPU beside vLLM when there is one).
-    head = TargetHead.from_pretrained(args.target, config).to("cuda" if torch.cuda.is_available() else "cpu")
+    head = TargetHead.from_pretrained(target.path, config).to("cuda" if torch.cuda.is_available() else "cpu")
     server = None
     if args.server is None:
         server = start_extraction_server(
-            args.target, layer_ids, config.num_hidden_layers, log_path=workspace.root / "logs" / "extract-vllm.log",
+            target.path, layer_ids, config.num_hidden_layers, log_path=workspace.root / "logs" / "extract-vllm.log",
             storage_dir=scratch.resolve(), max_model_len=args.max_length + 1,
         )  # fmt: skip
     url = server.url if server else args.server
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> StageResult:
             samples_for,
             records, output, layer_ids=layer_ids, num_hidden_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size, samples_per_shard=args.samples_per_shard,
-            reporter=ProgressReporter("extract", workspace.root),
+            reporter=ProgressReporter("extract", workspace.root), target=target,
         )  # fmt: skip
     finally:
         if server:
@@ -98,12 +104,14 @@ def run(args: argparse.Namespace) -> StageResult:
     return _result(output, f"extracted layers {layer_ids} + last of {len(records)} samples")
 
 
-def _serve_streaming(args, workspace: Workspace, layer_ids: list[int], num_hidden_layers: int) -> StageResult:
+def _serve_streaming(
+    args, target: str, workspace: Workspace, layer_ids: list[int], num_hidden_layers: int
+) -> StageResult:
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
     server = start_extraction_server(
-        args.target, layer_ids, num_hidden_layers, log_path=workspace.root / "logs" / "extract-stream-vllm.log",
+        target, layer_ids, num_hidden_layers, log_path=workspace.root / "logs" / "extract-stream-vllm.log",
         endpoint=f"tcp://*:{args.stream_port}", max_model_len=args.max_length + 1,
         host="0.0.0.0", port=args.port,
     )  # fmt: skip

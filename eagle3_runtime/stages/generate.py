@@ -6,9 +6,10 @@ import argparse
 import json
 from dataclasses import asdict
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH
 from eagle3_runtime.generate import GenerateConfig, run_generate
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.vllm_client import ChatSettings, RetryPolicy, SamplingSettings
@@ -18,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, help="workspace directory; output goes to data/")
     parser.add_argument("--server", required=True, help="vLLM OpenAI server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="model name the server serves")
+    parser.add_argument(
+        "--target-revision",
+        default=None,
+        help="the revision of the target the server serves (recorded, so that a resumed run checks it)",
+    )
     parser.add_argument(
         "--source",
         action="append",
@@ -100,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> GenerateConfig:
         on_bad_row=args.on_bad_row,
         samples_per_shard=args.samples_per_shard,
         retry=RetryPolicy(max_attempts=args.max_attempts, request_timeout_s=args.request_timeout),
+        target_revision=args.target_revision,
     )
 
 

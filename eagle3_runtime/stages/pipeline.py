@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from eagle3_runtime.layout import StageResult
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.pipeline.presets import PRESETS
 
 

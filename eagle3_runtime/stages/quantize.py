@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.export import publish_draft, staging_dir
-from eagle3_runtime.layout import StageResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.evaluate.evaluations import context_metrics, select_best
-from eagle3_runtime.layout import StageResult, Workspace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

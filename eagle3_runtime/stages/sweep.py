@@ -13,15 +13,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.config import add_prompts_argument
 from eagle3_runtime.evaluate.sweep import SweepConfig, run_sweep
-from eagle3_runtime.layout import StageResult
+from eagle3_runtime.pinned_target import add_target_arguments, pin_target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, type=Path)
-    parser.add_argument("--target", required=True, help="target model: Hugging Face id or local directory")
+    add_target_arguments(parser)
     parser.add_argument(
         "--checkpoint", default="best", help="best (from selection.json), step-N, or a draft directory"
     )
@@ -41,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> StageResult:
-    sweep = run_sweep(config_from_args(SweepConfig, args))
+    sweep = run_sweep(
+        config_from_args(SweepConfig, args, target=pin_target(args.target, args.target_revision).path)
+    )
     best = ", ".join(f"c={b['concurrency']}: K={b['num_speculative_tokens']}" for b in sweep["best"])
     return StageResult(
         stage="sweep",

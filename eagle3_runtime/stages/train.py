@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.command_line import config_from_args
-from eagle3_runtime.layout import StageResult, Workspace
 from eagle3_runtime.model.config import MAX_DRAFT_LAYERS
+from eagle3_runtime.pinned_target import add_target_arguments
 from eagle3_runtime.train.run import TrainConfig, TrainingOutcome, run_training
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workspace", required=True, type=Path)
-    parser.add_argument("--target", required=True, help="target model: Hugging Face id or local directory")
+    add_target_arguments(parser)
     parser.add_argument("--hidden-states", required=True, choices=["offline", "online", "streaming"])
     parser.add_argument("--server", help="vLLM extraction server URL (streaming mode)")
     parser.add_argument("--layer-ids", default="auto", help="auto or three target layer ids, e.g. 2,16,29")

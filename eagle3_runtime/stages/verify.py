@@ -15,8 +15,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.command_line import config_from_args
-from eagle3_runtime.layout import StageResult
 from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.verify import REPORT_FILE, VerifyConfig, verify_draft
 

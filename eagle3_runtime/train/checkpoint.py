@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.export import write_eagle3_dir
-from eagle3_runtime.layout import Workspace, write_json_atomic
+from eagle3_runtime.files import write_json_atomic
 
 MANIFEST = "manifest.json"
 TRAINING_STATE = "training_state.pt"

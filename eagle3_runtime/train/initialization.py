@@ -22,7 +22,7 @@ import torch
 from eagle3_runtime.export import read_eagle3_dir
 from eagle3_runtime.model.draft import Eagle3Draft
 from eagle3_runtime.model.vocab import DraftVocab
-from eagle3_runtime.target import resolve_model_path
+from eagle3_runtime.pinned_target import resolve_model_path
 
 # Variants of the EAGLE-3 head that vLLM can run but this trainer does not implement.
 UNSUPPORTED_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")

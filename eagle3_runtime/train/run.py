@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.hidden_states import iter_shard_samples, read_manifest
-from eagle3_runtime.layout import Workspace
 from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
 from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
+from eagle3_runtime.pinned_target import PinnedTarget, pin_target
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead, load_target_config, load_target_embeddings
 from eagle3_runtime.train.checkpoint import finished_training
@@ -52,6 +53,7 @@ class TrainConfig:
     warmup_steps: int | None
     attention: str
     compile: str  # auto, on or off
+    target_revision: str | None = None
 
 
 @dataclass
@@ -94,10 +96,13 @@ def sample_source(config: TrainConfig, workspace: Workspace, layer_ids: list[int
     return records, (lambda: streaming.stream_samples(config.server, records(), layer_ids=layer_ids))
 
 
-def _layer_ids(config: TrainConfig, workspace: Workspace, num_hidden_layers: int) -> list[int]:
+def _layer_ids(
+    config: TrainConfig, workspace: Workspace, num_hidden_layers: int, target: PinnedTarget
+) -> list[int]:
     layer_ids = resolve_layer_ids(config.layer_ids, num_hidden_layers)
     if config.hidden_states == "offline":
         manifest = read_manifest(workspace.hidden_states_dir)
+        manifest.check_target(target, workspace.hidden_states_dir)
         if config.layer_ids == "auto":
             layer_ids = resolve_layer_ids(manifest.layer_ids, num_hidden_layers)
         elif manifest.layer_ids != layer_ids:
@@ -135,9 +140,11 @@ def run_training(config: TrainConfig) -> TrainingOutcome:
             finished["step"], finished["settings"], finished.get("metrics", {}), finished["checkpoints"]
         )
 
+    target = pin_target(config.target, config.target_revision)
+    config = replace(config, target=target.path)  # every load below reads the pinned revision
     context = init_distributed()
     target_config = load_target_config(config.target)
-    layer_ids = _layer_ids(config, workspace, target_config.num_hidden_layers)
+    layer_ids = _layer_ids(config, workspace, target_config.num_hidden_layers, target)
     draft_config = draft_config_from_target(
         target_config,
         layer_ids=layer_ids,
@@ -180,7 +187,7 @@ def run_training(config: TrainConfig) -> TrainingOutcome:
         context=context,
         workspace=workspace,
         progress=ProgressReporter("train", workspace.root) if context.is_main else None,
-        target_name=config.target,
+        target=target,
     )
     summary = trainer.train()
     return TrainingOutcome(trainer.step, asdict(settings), summary, trainer.checkpoints)

@@ -20,10 +20,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from eagle3_runtime.layout import Workspace
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.model.loss import TTTBatch, TTTStats, compiled_ttt_loss, ttt_loss
 from eagle3_runtime.model.vocab import DraftVocab
+from eagle3_runtime.pinned_target import PinnedTarget
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead
 from eagle3_runtime.train.checkpoint import complete_checkpoints, read_checkpoint, write_checkpoint
@@ -41,7 +42,7 @@ class TrainSettings:
     learning_rate: float
     batch_tokens: int  # tokens per optimizer step, over all ranks
     seq_len: int = 2048
-    # Defaults are the DraftTraining CRD's (eagle3_operator.api.draft_training.TrainingSpec).
+    # Defaults are the DraftTraining CRD's (eagle3_api.draft_training.TrainingSpec).
     ttt_steps: int = 3
     loss_decay: float = 0.8
     checkpoint_every: int = 500  # 0: only at the end
@@ -146,11 +147,10 @@ class _Reporter:
             trainer.progress.report(
                 force=step == total,
                 step=step,
-                totalSteps=total,
+                total_steps=total,
                 loss=round(summary["loss"], 4),
-                accuracyPerPosition=[round(a, 4) for a in summary["accuracy_per_position"]],
-                samples=None,
-                etaSeconds=round(eta),
+                accuracy_per_position=[round(a, 4) for a in summary["accuracy_per_position"]],
+                eta_seconds=round(eta),
             )
 
     def close(self) -> None:
@@ -172,7 +172,7 @@ class DraftTrainer:
         workspace: Workspace | None = None,
         progress: ProgressReporter | None = None,
         show_progress_bar: bool = True,
-        target_name: str | None = None,
+        target: PinnedTarget | None = None,
     ):
         if settings.steps <= 0:
             raise ValueError(f"--steps must be positive, got {settings.steps}")
@@ -189,7 +189,7 @@ class DraftTrainer:
             )
         self.settings, self.context, self.workspace, self.progress = settings, context, workspace, progress
         self.show_progress_bar = show_progress_bar and context.is_main
-        self.draft_config, self.vocab, self.target_name = draft_config, vocab, target_name
+        self.draft_config, self.vocab, self.target = draft_config, vocab, target
         device = context.device
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -368,7 +368,7 @@ class DraftTrainer:
             manifest = {
                 "metrics": {k: v for k, v in self.last_summary.items() if k != "step"},
                 "settings": asdict(self.settings),
-                "target": self.target_name,
+                **(self.target.manifest_fields() if self.target else {}),
                 "initialization": self.initialization,
             }
             model_state = {k: v for k, v in model_state.items() if not k.startswith("embed_tokens.")}
@@ -387,11 +387,8 @@ class DraftTrainer:
         from eagle3_runtime.export import read_eagle3_dir
 
         manifest, state = read_checkpoint(self.workspace, step)
-        if self.target_name and manifest.get("target") not in (None, self.target_name):
-            raise ValueError(
-                f"checkpoint step-{step:08d} was trained for target {manifest['target']}, this run's target is "
-                f"{self.target_name}: train for another target in a new workspace"
-            )
+        if self.target:
+            self.target.check(manifest, f"checkpoint step-{step:08d}")
         config, weights = read_eagle3_dir(self.workspace.checkpoint_dir(step))
         if config.get("num_hidden_layers", 1) != self.draft_config.num_hidden_layers:
             raise ValueError(

@@ -1,5 +1,1 @@
-"""The eagle3 Kubernetes operator: DraftTraining and SpecDecodeDeployment resources."""
-
-GROUP = "eagle3.ai"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+"""The eagle3 Kubernetes operator: DraftTraining and SpecDecodeDeployment resources (API: eagle3_api)."""

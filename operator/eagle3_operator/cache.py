@@ -15,6 +15,7 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+from eagle3_api.progress import PROGRESS_ANNOTATION
 from eagle3_operator.reconcile import meta
 
 OWNER_LABELS = (meta.DRAFT_TRAINING_LABEL, meta.SPEC_DECODE_LABEL)
@@ -30,7 +31,7 @@ def _without_progress(body: dict[str, Any]) -> dict[str, Any]:
     metadata = dict(body["metadata"])
     metadata.pop("resourceVersion", None)
     annotations = dict(metadata.get("annotations") or {})
-    annotations.pop(meta.PROGRESS_ANNOTATION, None)
+    annotations.pop(PROGRESS_ANNOTATION, None)
     metadata["annotations"] = annotations
     return body | {"metadata": metadata}
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import kopf
 
-from eagle3_operator import API_VERSION, GROUP, VERSION
-from eagle3_operator.api.draft_training import PLURAL as DT_PLURAL
-from eagle3_operator.api.spec_decode_deployment import PLURAL as SDD_PLURAL
+from eagle3_api import API_VERSION, GROUP, VERSION
+from eagle3_api.draft_training import PLURAL as DT_PLURAL
+from eagle3_api.spec_decode_deployment import PLURAL as SDD_PLURAL
 from eagle3_operator.kube import Kube
 from eagle3_operator.leader import LeaderElector, LeaseSettings
 from eagle3_operator.reconcile import meta

@@ -14,7 +14,8 @@ from typing import Any
 
 from kubernetes import client, config
 
-from eagle3_operator import API_VERSION, metrics
+from eagle3_api import API_VERSION
+from eagle3_operator import metrics
 
 FIELD_MANAGER = "eagle3-operator"
 WRITE_VERBS = ("create", "patch", "apply", "delete")

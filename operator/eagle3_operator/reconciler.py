@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from eagle3_operator import API_VERSION, metrics
-from eagle3_operator.api.spec_decode_deployment import LiveAcceptanceSpec, RolloutSpec
+from eagle3_api import API_VERSION
+from eagle3_api.spec_decode_deployment import LiveAcceptanceSpec, RolloutSpec
+from eagle3_operator import metrics
 from eagle3_operator.apply import apply_children, key, write_status
 from eagle3_operator.cache import CHANGED, PROGRESS, UNCHANGED, Store
 from eagle3_operator.kube import ApiError, Conflict, Kube, NamespaceTerminating, NotLeader

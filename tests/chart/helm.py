@@ -64,7 +64,7 @@ def install_chart_crds(cluster) -> None:
     """Apply the chart's CRDs (what `helm install` installs) and wait until the API server serves them."""
     crd_dir = CHART_DIR / "crds"
     files = sorted(crd_dir.glob("*.yaml"))
-    assert files, f"{crd_dir} has no CRDs: run `make crds` (eagle3_operator.api.crdgen writes them)"
+    assert files, f"{crd_dir} has no CRDs: run `make crds` (eagle3_api.crdgen writes them)"
     for path in files:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     for path in files:

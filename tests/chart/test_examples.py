@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagle3_runtime.layout import export_version
+from eagle3_api.workspace import export_version
 from tests.chart.helm import CHART_DIR, RELEASE, by_kind, helm, install_chart_crds, render
 from tests.operator import fakes
 from tests.operator.harness import (

@@ -95,7 +95,7 @@ def test_operator_image_installs_only_the_operator_extra():
 
 
 def test_runtime_image_is_a_pinned_vllm_rocm_image_with_the_runtime_extra():
-    from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
+    from eagle3_api.common import DEFAULT_VLLM_IMAGE
 
     parser = parse("runtime")
     repository, _, tag = parser.baseimage.partition(":")

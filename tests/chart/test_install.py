@@ -13,9 +13,9 @@ import urllib.request
 from typing import Any
 
 import pytest
-from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
-from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
+from eagle3_api.common import DEFAULT_VLLM_IMAGE
+from eagle3_api.draft_training import DEFAULT_RUNTIME_IMAGE
 from tests.chart.images import command_problem
 from tests.chart.installed import TRAINING_STEPS, installed, run_training, serving_manifest
 from tests.operator import fakes

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from eagle3_runtime.layout import StageResult
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.pipeline.prompts import DOMAINS
 from eagle3_runtime.tiny_target import ensure_tiny_target
 

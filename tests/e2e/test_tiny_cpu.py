@@ -13,10 +13,10 @@ import json
 
 import pytest
 import yaml
-from eagle3_operator.api.draft_training import DraftTraining
 
-from eagle3_runtime.layout import Workspace
-from eagle3_runtime.stage_plan import checkpoints_to_evaluate
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.stage_plan import checkpoints_to_evaluate
+from eagle3_api.workspace import Workspace
 from tests.e2e.tiny_cpu import EXAMPLE, SERVED_MODEL, ServedDraft, TrainingRun, run_in_pod, say
 from tests.support import realnode
 
@@ -74,7 +74,7 @@ def test_kubectl_apply_trains_a_draft_with_real_pods(request, tiny_cpu_training:
     assert metrics["generate"]["samples"] == spec.spec.data.num_samples
     assert metrics["train"]["step"] == spec.spec.training.steps
     evaluated = [c["step"] for c in status["checkpoints"]]
-    # The first checkpoint and the last, as the one plan (eagle3_runtime.stage_plan) says.
+    # The first checkpoint and the last, as the one plan (eagle3_api.stage_plan) says.
     assert evaluated == checkpoints_to_evaluate(spec, metrics["train"]), evaluated
     assert evaluated[0] == spec.spec.training.checkpoint_every and evaluated[-1] == spec.spec.training.steps
     for checkpoint in status["checkpoints"]:

@@ -8,7 +8,7 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from eagle3_runtime.layout import StageResult
+from eagle3_api.stage_result import StageResult
 
 NOW = datetime(2026, 11, 29, 9, 0, 0, tzinfo=UTC)
 

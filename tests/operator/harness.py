@@ -11,17 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from eagle3_operator.api.draft_training import DraftTraining
 from eagle3_operator.reconcile.training_children import stage_jobs
 from prometheus_client.parser import text_string_to_metric_families
 
+from eagle3_api.draft_training import DraftTraining
 from eagle3_runtime.vllm_server import free_port
 from tests.operator import fakes
 from tests.support.cluster import ApiError, LocalCluster, wait_until
@@ -306,11 +305,34 @@ def wait_for_quiet_cluster(cluster: LocalCluster) -> None:
     wait_until(settled, timeout=120, interval=0.5, what="terminating namespaces to be gone")
 
 
-def events_since(cluster: LocalCluster, since: float) -> list[dict[str, Any]]:
-    """Events (all namespaces) last seen at or after the Unix time `since` (second resolution)."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since - 1))
-    found = cluster.request("GET", "/api/v1/events")["items"]
-    return [e for e in found if (e.get("lastTimestamp") or e.get("eventTime") or "") >= stamp]
+def all_events(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    """Every Event (all namespaces) by uid."""
+    return {e["metadata"]["uid"]: e for e in cluster.request("GET", "/api/v1/events")["items"]}
+
+
+def _occurrences(event: dict[str, Any]) -> int:
+    # core/v1 recorders count in `count`, events.k8s.io/v1 recorders (the scheduler's) in `series`.
+    return (event.get("series") or {}).get("count") or event.get("count") or 1
+
+
+def event_writes_between(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """The POSTs and PATCHes of Events between two `all_events` listings, and the Events written:
+    a new Event is one POST plus a PATCH per repeat; a changed one (another resourceVersion) a PATCH
+    per repeat since. By resourceVersion, so an event series whose timestamps stay old still counts."""
+    posts = patches = 0
+    written = []
+    for uid, event in after.items():
+        old = before.get(uid)
+        if old is None:
+            posts, patches = posts + 1, patches + _occurrences(event) - 1
+        elif old["metadata"]["resourceVersion"] != event["metadata"]["resourceVersion"]:
+            patches += max(1, _occurrences(event) - _occurrences(old))
+        else:
+            continue
+        written.append(event)
+    return posts, patches, written
 
 
 WRITE_PROBE = "/workspace/write-probe"

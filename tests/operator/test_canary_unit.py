@@ -7,7 +7,6 @@ import random
 from datetime import timedelta
 
 import pytest
-from eagle3_operator.api.spec_decode_deployment import CanarySpec
 from eagle3_operator.reconcile.canary import (
     TrackSample,
     acceptance_length,
@@ -18,6 +17,7 @@ from eagle3_operator.reconcile.canary import (
 from eagle3_operator.reconcile.live_acceptance import History, PodCounters, PodRead, parse_metrics
 from eagle3_operator.reconcile.serving import ServingObserved, plan_serving
 
+from eagle3_api.spec_decode_deployment import CanarySpec
 from tests.operator import fakes
 
 GOOD, BAD, NEXT = "pvc://drafts/good", "pvc://drafts/bad", "pvc://drafts/next"

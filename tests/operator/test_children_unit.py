@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import copy
 
-from eagle3_operator.api.common import NetworkPolicySpec
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.network_policy import network_policy, plan_network_policy
 from eagle3_operator.reconcile.ownership import FOREIGN_CHILD, split_children, withhold_foreign
 from eagle3_operator.reconcile.plan import Plan
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 
+from eagle3_api.common import NetworkPolicySpec
 from tests.operator import fakes
 from tests.operator.test_training_unit import Cluster
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eagle3_operator.api.draft_training import DraftTraining
 
-from eagle3_runtime import stage_plan
+from eagle3_api import stage_plan
+from eagle3_api.draft_training import DraftTraining
 from eagle3_runtime.cli import build_parser
 from eagle3_runtime.pipeline.config import load_config
 from eagle3_runtime.pipeline.runner import PipelineRunner

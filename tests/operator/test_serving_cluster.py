@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from eagle3_runtime.layout import export_version
+from eagle3_api.workspace import export_version
 from tests.operator import fakes
 from tests.operator.harness import (
     bind_volume,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from eagle3_operator import API_VERSION
 from eagle3_operator.kube import Kube
 from eagle3_operator.reconciler import Reconciler
 from prometheus_client import REGISTRY
 
+from eagle3_api import API_VERSION
 from tests.operator.harness import draft_training_path, events_of, training_body
 
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3_runtime.layout import export_version
+from eagle3_api.workspace import export_version
 from tests.operator import fakes
 from tests.operator.harness import (
     bind_volume,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.conversations import (
     expand_generations,
     iter_records,
@@ -21,7 +22,6 @@ from eagle3_runtime.conversations import (
     load_tokenizer,
     record_sequences,
 )
-from eagle3_runtime.layout import StageResult
 from eagle3_runtime.tiny_target import END_OF_TURN, stdlib_corpus
 from tests.pipeline.conftest import SERVED_NAME
 from tests.pipeline.flaky_proxy import FlakyProxy

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.conversations import (
     as_vllm_renders,
     expand_generations,
@@ -26,7 +27,6 @@ from eagle3_runtime.conversations import (
     load_tokenizer,
     record_sequences,
 )
-from eagle3_runtime.layout import StageResult
 from eagle3_runtime.tiny_target import END_OF_TURN
 from tests.pipeline.chat_shapes import qwen3_style_target
 from tests.pipeline.conftest import SERVED_NAME

@@ -3,9 +3,8 @@ tables say when the baseline was measured and the selected checkpoint's acceptan
 
 import json
 
-from eagle3_operator.api.draft_training import DraftTraining
-
-from eagle3_runtime.layout import Workspace
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.pipeline.report import METRICS_FILE, write_report
 
 

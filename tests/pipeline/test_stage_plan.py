@@ -4,14 +4,11 @@ Jobs in tests/operator/test_pod_commands_unit.py."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import yaml
-from eagle3_operator.api.draft_training import DraftTraining
 
-from eagle3_runtime import stage_plan
+from eagle3_api import stage_plan
+from eagle3_api.draft_training import DraftTraining
 from tests.support.cluster import REPO_ROOT
 
 TINY_CPU = REPO_ROOT / "examples" / "drafttraining-tiny-cpu.yaml"
@@ -91,14 +88,6 @@ class _Anywhere:
         return f"/x/{claim}/{path}"
 
 
-def test_stage_plan_imports_no_cluster_client_and_no_ml_stack():
-    """A later issue moves it to a package both images share: it must stay pure."""
-    heavy = ("kopf", "kubernetes", "torch", "vllm", "transformers")
-    code = f"import sys, eagle3_runtime.stage_plan; print([m for m in {heavy!r} if m in sys.modules])"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "[]"
-
-
 def test_data_generation_settings_reach_eagle3_generate():
     """The CRD's data-generation settings (multi-turn, template arguments, tools, long samples) are
     what `eagle3 generate`'s own parser reads from the planned command."""
@@ -130,3 +119,35 @@ def test_data_generation_settings_reach_eagle3_generate():
     )
     assert (defaults.regenerate_turns, defaults.chat_template_kwargs) == ("all", None)
     assert (defaults.max_length, defaults.long_samples) == (2047, "truncate")
+
+
+@pytest.mark.parametrize("mode", ["offline", "streaming"])
+def test_every_stage_that_reads_the_target_reads_its_pinned_revision(mode):
+    """target.revision reaches the vLLM servers as --revision (reconcile/pods.py) and, as
+    --target-revision, every stage that reads the target's files itself or records the data's target;
+    each stage's own parser reads it."""
+    import argparse
+    import importlib
+
+    training = _training(
+        target={"model": "acme/tiny", "revision": "v2"},
+        hiddenStates={"mode": mode},
+        evaluation={"sweep": {"maxSpeculativeTokens": 2}},
+    )
+    commands = {
+        "generate": stage_plan.stage_argv(training, "generate", _Anywhere(), server="http://t"),
+        "train": stage_plan.stage_argv(training, "train", _Anywhere(), server="http://s"),
+        "evaluate": stage_plan.stage_argv(training, "evaluate", _Anywhere(), step=4),
+        "sweep": stage_plan.stage_argv(training, "sweep", _Anywhere()),
+    }
+    if mode == "offline":
+        commands["extract"] = stage_plan.stage_argv(training, "extract", _Anywhere())
+    else:
+        commands["extract"] = stage_plan.stream_server_argv(training, _Anywhere(), 8000, 5600)
+    for stage, argv in commands.items():
+        parser = argparse.ArgumentParser()
+        importlib.import_module(f"eagle3_runtime.stages.{stage}").add_arguments(parser)
+        assert parser.parse_args(argv[1:]).target_revision == "v2", (stage, argv)
+
+    unpinned = stage_plan.stage_argv(_training(), "train", _Anywhere())
+    assert "--target-revision" not in unpinned

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
+from eagle3_api.workspace import LATEST_EXPORT, Workspace, export_version
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import EXPORT_MANIFEST, draft_digest, write_eagle3_dir
-from eagle3_runtime.layout import LATEST_EXPORT, Workspace, export_version
 from eagle3_runtime.train.checkpoint import write_checkpoint
 from tests.runtime.test_model import tiny_draft
 

@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import LATEST_EXPORT, Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import write_samples
-from eagle3_runtime.layout import LATEST_EXPORT, StageResult, Workspace
 from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.target import load_target_config
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus

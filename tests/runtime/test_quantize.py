@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eagle3_api.workspace import LATEST_EXPORT
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import write_eagle3_dir
-from eagle3_runtime.layout import LATEST_EXPORT
 from eagle3_runtime.model.attention import TTTAttention
 from eagle3_runtime.quantize import dequantized_fp8_weights, load_draft
 from tests.runtime.test_model import tiny_draft, tiny_target_config

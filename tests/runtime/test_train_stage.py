@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import HiddenStateSample, write_samples
-from eagle3_runtime.layout import Workspace
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead
 from tests.runtime.test_model import tiny_target_config
 
@@ -214,6 +214,4 @@ def test_resuming_with_another_layer_count_is_refused(tmp_path, target_dir):
     other_target = tmp_path / "other-target"
     other_target.symlink_to(target_dir)
     message = _failure(workspace, other_target)
-    assert (
-        f"step-00000002 was trained for target {target_dir}, this run's target is {other_target}" in message
-    )
+    assert f"step-00000002 was made from target {target_dir}, this run's target is {other_target}" in message

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.extract.offline import with_target_top1
 from eagle3_runtime.hidden_states import iter_shard_samples, write_samples
-from eagle3_runtime.layout import Workspace
 from eagle3_runtime.model.config import draft_config_from_target
 from eagle3_runtime.model.vocab import build_draft_vocab, count_tokens
 from eagle3_runtime.target import TargetHead

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.cli import main as eagle3
-from eagle3_runtime.layout import StageResult
 from eagle3_runtime.prompt_sources import Prompt
 from eagle3_runtime.tiny_target import ensure_tiny_target
 from eagle3_runtime.verify import BUILTIN_PROMPTS, SERVED_NAME, VerifyConfig, compare, judge

@@ -20,10 +20,11 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eagle3_api.stage_result import StageResult
+from eagle3_api.workspace import LATEST_EXPORT, Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import write_eagle3_dir
 from eagle3_runtime.hidden_states import write_samples
-from eagle3_runtime.layout import LATEST_EXPORT, StageResult, Workspace
 from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead, load_target_config

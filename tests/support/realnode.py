@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
-from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
+from eagle3_api.common import DEFAULT_VLLM_IMAGE
+from eagle3_api.draft_training import DEFAULT_RUNTIME_IMAGE
 from eagle3_runtime.tiny_target import cache_root, ensure_tiny_target
 from tests.support import oci_image, testbed_kwok, testbed_pki
 from tests.support.kube_api import ApiError
@@ -272,10 +272,10 @@ def _run(*args: str) -> str:
 
 
 def _python_image_entries(passwd: str, group: str) -> list[oci_image.Entry]:
-    """What the test bed's Python images hold: /etc basics, this checkout's eagle3_runtime and
-    eagle3_operator under /opt/eagle3, and no Python of their own: the host's /usr and the test
-    Python (python_prefixes(): the venv and its base) are bind-mounted read-only into every container
-    (containerd's base runtime spec), at the paths the venv's scripts name."""
+    """What the test bed's Python images hold: /etc basics, this checkout's eagle3_api,
+    eagle3_runtime and eagle3_operator under /opt/eagle3, and no Python of their own: the host's
+    /usr and the test Python (python_prefixes(): the venv and its base) are bind-mounted read-only
+    into every container (containerd's base runtime spec), at the paths the venv's scripts name."""
     return [
         oci_image.directory("etc"),
         oci_image.file("etc/passwd", passwd.encode()),
@@ -287,6 +287,7 @@ def _python_image_entries(passwd: str, group: str) -> list[oci_image.Entry]:
         oci_image.directory("opt"),
         oci_image.directory("opt/eagle3"),
         oci_image.file("opt/eagle3/pyproject.toml", REPO_ROOT / "pyproject.toml"),
+        *oci_image.tree("opt/eagle3/eagle3_api", REPO_ROOT / "eagle3_api"),
         *oci_image.tree("opt/eagle3/eagle3_runtime", REPO_ROOT / "eagle3_runtime"),
         oci_image.directory("opt/eagle3/operator"),
         *oci_image.tree("opt/eagle3/operator/eagle3_operator", REPO_ROOT / "operator" / "eagle3_operator"),

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eagle3_operator.api.common import DEFAULT_VLLM_IMAGE
-from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE
 
+from eagle3_api.common import DEFAULT_VLLM_IMAGE
+from eagle3_api.draft_training import DEFAULT_RUNTIME_IMAGE
 from tests.support import realnode
 from tests.support.cluster import REPO_ROOT, LocalCluster, find_bin_dir, wait_until
 from tests.support.testbed_kwok import GPU_NODE_LABELS, GPU_RESOURCE

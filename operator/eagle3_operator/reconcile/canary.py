@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from eagle3_operator.api.spec_decode_deployment import CanarySpec, SpecDecodeDeploymentSpec
+from eagle3_api.spec_decode_deployment import CanarySpec, SpecDecodeDeploymentSpec
+from eagle3_api.workspace import content_hash
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.live_acceptance import History, PodCounters, revision_deltas
 from eagle3_operator.reconcile.plan import Event, iso
@@ -248,7 +249,7 @@ def plan_rollout(inputs: RolloutInputs) -> RolloutPlan:
                 Event("Normal", "CanaryCanceled", f"canary of {state['draft']['uri']} canceled")
             )
         return plan
-    draft_spec = meta.content_hash(spec.draft.to_json())
+    draft_spec = content_hash(spec.draft.to_json())
     if state and same_export(state["draft"], candidate):
         if state["phase"] == "RolledBack" and state["draftSpec"] == draft_spec:
             # Not retried until spec.draft changes.

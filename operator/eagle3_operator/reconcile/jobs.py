@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from eagle3_operator.reconcile.meta import PROGRESS_ANNOTATION
+from eagle3_api.progress import PROGRESS_ANNOTATION, Progress
+from eagle3_api.stage_result import StageResult
 from eagle3_operator.reconcile.plan import parse_iso
-from eagle3_runtime.layout import StageResult
 
 STAGE_CONTAINER = "stage"
 DEADLINE_EXCEEDED = "DeadlineExceeded"  # the Job controller's reason for activeDeadlineSeconds
@@ -124,19 +123,18 @@ def lacks_pods(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     )
 
 
-def latest_progress(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest `eagle3.ai/progress` record among the pods (docs/contracts.md)."""
-    best: dict[str, Any] | None = None
+def latest_progress(pods: list[dict[str, Any]]) -> Progress | None:
+    """The newest `eagle3.ai/progress` record among the pods (docs/contracts.md). A record the
+    Progress model refuses (not JSON, a wrong type) is left out: progress is informational only."""
+    best: Progress | None = None
     for pod in pods:
         text = (pod["metadata"].get("annotations") or {}).get(PROGRESS_ANNOTATION)
         if not text:
             continue
         try:
-            record = json.loads(text)
-        except ValueError:
+            record = Progress.model_validate_json(text)
+        except ValidationError:
             continue
-        if isinstance(record, dict) and (
-            best is None or str(record.get("updatedAt", "")) > str(best.get("updatedAt", ""))
-        ):
+        if best is None or (record.updated_at or "") > (best.updated_at or ""):
             best = record
     return best

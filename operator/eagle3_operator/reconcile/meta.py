@@ -5,11 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from eagle3_operator import API_VERSION
-from eagle3_runtime.layout import content_hash
-from eagle3_runtime.progress import PROGRESS_ANNOTATION
-
-__all__ = ["PROGRESS_ANNOTATION", "content_hash"]
+from eagle3_api import API_VERSION
 
 MANAGED_BY = "eagle3-operator"
 DRAFT_TRAINING_LABEL = "eagle3.ai/draft-training"

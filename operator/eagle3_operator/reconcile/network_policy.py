@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle3_operator.api.common import NetworkPolicySpec
+from eagle3_api.common import NetworkPolicySpec
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.plan import Plan
 from eagle3_operator.reconcile.pods import VLLM_PORT

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.common import PodSecuritySpec, PullSecret, SchedulingSpec, TargetSpec
+from eagle3_api.common import PodSecuritySpec, PullSecret, SchedulingSpec, TargetSpec
 
 VLLM_PORT = 8000
 VIDEO_GROUP = 44  # /dev/kfd and /dev/dri/* belong to "video" on older ROCm hosts, to "render" on newer

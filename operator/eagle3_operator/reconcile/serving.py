@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
+from eagle3_api.spec_decode_deployment import SpecDecodeDeployment
+from eagle3_api.workspace import content_hash
 from eagle3_operator.reconcile import meta, verification
 from eagle3_operator.reconcile.canary import (
     CANARY_SUFFIX,
@@ -216,7 +217,7 @@ class ServingPlanner:
         startup_failures = -(-startup_s // PROBE_PERIOD_S)
         pod_spec = vllm_pod_spec(target, args, mounts, PodPolicy.of(spec), startup_failures)
         template = {"metadata": template_metadata, "spec": pod_spec}
-        revision = meta.content_hash(template)
+        revision = content_hash(template)
         template_metadata["annotations"] = template_metadata.get("annotations", {}) | {
             REVISION_ANNOTATION: revision
         }

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeploymentSpec
-from eagle3_runtime.evaluate.sweep_schedule import k_at, max_k, validate_schedule
+from eagle3_api.spec_decode_deployment import SpecDecodeDeploymentSpec
+from eagle3_api.sweep_schedule import k_at, max_k, validate_schedule
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = SpecDecodeDeploymentSpec.model_fields["num_speculative_tokens"].default
 

@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from eagle3_operator.api.draft_training import DraftTraining, Progress
+from eagle3_api import stage_plan
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.stage_plan import (
+    WORKSPACE_RUNS,
+    StageInputError,
+    server_for,
+    workspace_claim,
+    workspace_path,
+)
+from eagle3_api.stages import STAGE_CONDITIONS
+from eagle3_api.workspace import export_version
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
 from eagle3_operator.reconcile.jobs import (
@@ -43,26 +50,7 @@ from eagle3_operator.reconcile.training_children import (
     trainer_service,
     workspace_pvc,
 )
-from eagle3_runtime import stage_plan
-from eagle3_runtime.layout import export_version
-from eagle3_runtime.stage_plan import (
-    WORKSPACE_RUNS,
-    StageInputError,
-    server_for,
-    workspace_claim,
-    workspace_path,
-)
 
-STAGE_CONDITIONS = {
-    "generate": "Generated",
-    "extract": "HiddenStatesExtracted",
-    "train": "Trained",
-    "evaluate": "Evaluated",
-    "select": "Selected",
-    "sweep": "Swept",
-    "export": "Exported",
-    "quantize": "Quantized",
-}
 # A Job can be Complete a moment before its pod's termination message is visible; after this long a
 # missing StageResult is a failure of the stage.
 RESULT_GRACE_S = 60.0
@@ -295,9 +283,7 @@ class TrainingPlanner:
             self.plan.sync.append(trainer_service(self.body, self.dt))
         progress = latest_progress([p for name in record["jobs"] for p in self.observed.pods_of(name)])
         if progress is not None:
-            # A malformed progress record is ignored: progress is informational only.
-            with contextlib.suppress(ValidationError):
-                status["progress"] = Progress.model_validate(progress).to_json()
+            status["progress"] = progress.to_json()
         failed = [o for o in outcomes if o.state == "Failed"]
         if failed:
             message = failed[0].message

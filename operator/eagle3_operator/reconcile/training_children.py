@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from eagle3_operator.api.draft_training import DraftTraining
+from eagle3_api import stage_plan
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.stage_plan import server_for, workspace_claim, workspace_path
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.jobs import STAGE_CONTAINER
 from eagle3_operator.reconcile.pods import (
@@ -34,8 +36,6 @@ from eagle3_operator.reconcile.pods import (
     vllm_args,
     vllm_pod_spec,
 )
-from eagle3_runtime import stage_plan
-from eagle3_runtime.stage_plan import server_for, workspace_claim, workspace_path
 
 WORKSPACE = "/workspace"
 TORCHRUN_PORT = 29500

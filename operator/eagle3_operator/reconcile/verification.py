@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_operator.api.spec_decode_deployment import SpecDecodeDeployment
+from eagle3_api.spec_decode_deployment import SpecDecodeDeployment
+from eagle3_api.stage_plan import source_arg
+from eagle3_api.workspace import content_hash
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import set_condition
 from eagle3_operator.reconcile.jobs import STAGE_CONTAINER, job_outcome
@@ -29,7 +31,6 @@ from eagle3_operator.reconcile.pods import (
 )
 from eagle3_operator.reconcile.speculation import applied_speculation
 from eagle3_operator.reconcile.training_children import ClaimLocations
-from eagle3_runtime.stage_plan import source_arg
 
 COMPONENT = "verify"
 PHASE = "Verification"
@@ -48,7 +49,7 @@ def same_draft(record: dict[str, Any] | None, draft: dict[str, Any]) -> bool:
 def job_name(sdd_name: str, draft: dict[str, Any], draft_spec: str) -> str:
     """One Job per draft and spec.draft (a changed spec.draft checks a rejected draft again); at
     most 63 characters, as the name is also a pod label."""
-    return f"{sdd_name}-verify-{meta.content_hash([draft_identity(draft), draft_spec])[:5]}"
+    return f"{sdd_name}-verify-{content_hash([draft_identity(draft), draft_spec])[:5]}"
 
 
 def verify_job(
@@ -147,7 +148,7 @@ def gate(
     rejected = list(status.get("rejectedDrafts") or [])
     if not sdd.spec.verification.enabled or candidate is None:
         return Gate(serve=candidate, rejected=rejected)
-    draft_spec = meta.content_hash(body["spec"].get("draft") or {})
+    draft_spec = content_hash(body["spec"].get("draft") or {})
     previous = status.get("verification")
     if previous and previous.get("draftSpec") != draft_spec:
         # spec.draft changed: drafts it rejected may be checked again.

@@ -16,9 +16,9 @@ from datetime import datetime
 
 import pytest
 
+from eagle3_api.stage_result import StageResult
 from eagle3_runtime.cli import build_parser
 from eagle3_runtime.evaluate.rounds import BASELINE, CANDIDATE
-from eagle3_runtime.layout import StageResult
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.stages import evaluate
 from eagle3_runtime.vllm_server import log_tail

@@ -122,9 +122,9 @@ def test_evaluation_context_lengths_reach_eagle3_evaluate():
     """The CRD's evaluation.contextLengths are what `eagle3 evaluate`'s own parser reads from the
     planned command; unset, the command asks for none."""
     import yaml
-    from eagle3_operator.api.draft_training import DraftTraining
 
-    from eagle3_runtime import stage_plan
+    from eagle3_api import stage_plan
+    from eagle3_api.draft_training import DraftTraining
     from tests.pipeline.test_stage_plan import TINY_CPU, _Anywhere
 
     unset = yaml.safe_load(TINY_CPU.read_text())

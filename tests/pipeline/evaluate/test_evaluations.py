@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eagle3_runtime.layout import Workspace
+from eagle3_api.workspace import Workspace
 from eagle3_runtime.stages import select
 
 

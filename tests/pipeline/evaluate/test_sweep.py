@@ -12,10 +12,10 @@ import json
 import httpx
 import pytest
 
+from eagle3_api.sweep_schedule import k_at, validate_schedule
 from eagle3_runtime.cli import build_parser
 from eagle3_runtime.evaluate.counters import parse_spec_counters
 from eagle3_runtime.evaluate.rounds import BASELINE, CANDIDATE, abba_order
-from eagle3_runtime.evaluate.sweep_schedule import k_at, validate_schedule
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.stages import sweep
 from eagle3_runtime.vllm_server import log_tail

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from eagle3_api.sweep_schedule import k_at, max_k, schedule_from_best, validate_schedule
 from eagle3_runtime.cli import build_parser
 from eagle3_runtime.evaluate.sweep import best_per_concurrency
-from eagle3_runtime.evaluate.sweep_schedule import k_at, max_k, schedule_from_best, validate_schedule
 from eagle3_runtime.stages import sweep
 
 

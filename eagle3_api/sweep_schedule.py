@@ -4,7 +4,10 @@ Its shape is vLLM's own `num_speculative_tokens_per_batch_size` (vllm#32374, in 
 a list of `[first batch size, last batch size, K]`, ranges sorted, not overlapping, the first one
 starting at 1; K = 0 turns speculation off for that range. vLLM carries a range's K forward over a
 gap and past the last range, and caps every K at `num_speculative_tokens`, so a schedule is served
-with `num_speculative_tokens` = its largest K. Pure: the operator imports it too.
+with `num_speculative_tokens` = its largest K.
+
+Contract, not runtime: the schedule is API data (a DraftTraining's `status.sweep.schedule`): the
+sweep stage builds it, and the operator checks it and serves it to vLLM, by the same rules.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, StringMap, cel, section
-from eagle3_operator.api.common import (
+from eagle3_api.base import FREE_FORM_OBJECT, ApiModel, DnsName, StringMap, cel, section
+from eagle3_api.common import (
     CONDITIONS_FIELD,
     Condition,
     ImagePullSecrets,
@@ -18,7 +18,7 @@ from eagle3_operator.api.common import (
     TargetSpec,
     image_pull_secrets_field,
 )
-from eagle3_operator.api.draft_training import DEFAULT_RUNTIME_IMAGE, PromptSource
+from eagle3_api.draft_training import DEFAULT_RUNTIME_IMAGE, PromptSource
 
 KIND = "SpecDecodeDeployment"
 PLURAL = "specdecodedeployments"

@@ -5,8 +5,7 @@ The operator's Job builder (eagle3_operator.reconcile.training_children) and `ea
 (eagle3_runtime.pipeline.runner) both take their commands from here, so a manifest runs the
 same commands in pods and on one machine. Only where things live differs, and a `Locations`
 says it: in a pod, the workspace and the spec's claims are mounted volumes; locally they are
-folders. Pure: imports the API models and eagle3_runtime.layout only (no kopf, kubernetes,
-torch or vLLM).
+folders. Pure: imports the rest of eagle3_api only (no kopf, kubernetes, torch or vLLM).
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
-from eagle3_operator.api.draft_training import DraftTraining, PromptSource
-
-from eagle3_runtime.layout import Workspace
+from eagle3_api.draft_training import DraftTraining, PromptSource
+from eagle3_api.stages import TRAINING_STAGES
+from eagle3_api.workspace import Workspace
 
 # Per-object workspace directories live under this folder of the claim (workspace_path).
 WORKSPACE_RUNS = "runs"
@@ -74,18 +73,14 @@ def workspace_path(dt: DraftTraining) -> str:
 
 
 def stages(dt: DraftTraining) -> list[str]:
-    """The stages in the order they run."""
+    """The stages in the order they run: eagle3_api.stages's, less those the spec leaves out."""
     spec = dt.spec
-    order = ["generate"]
-    if spec.hidden_states.mode == "offline":
-        order.append("extract")
-    order += ["train", "evaluate", "select"]
-    if spec.evaluation.sweep:
-        order.append("sweep")
-    order.append("export")
-    if spec.export.quantize != "none":
-        order.append("quantize")
-    return order
+    skipped = {
+        "extract": spec.hidden_states.mode != "offline",
+        "sweep": not spec.evaluation.sweep,
+        "quantize": spec.export.quantize == "none",
+    }
+    return [stage for stage in TRAINING_STAGES if not skipped.get(stage, False)]
 
 
 def server_for(dt: DraftTraining, stage: str | None) -> str | None:
@@ -152,11 +147,22 @@ def _final_dir(dt: DraftTraining, at: Locations) -> str:
     return at.output(*export_destination(dt))
 
 
+def _revision_args(dt: DraftTraining) -> list[str]:
+    revision = dt.spec.target.revision
+    return ["--target-revision", revision] if revision else []
+
+
+def _target_args(dt: DraftTraining, at: Locations) -> list[str]:
+    """The target a stage reads itself, at the revision the target server serves."""
+    return ["--target", at.model(dt.spec.target.model, "target"), *_revision_args(dt)]
+
+
 def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
     """`eagle3 generate` against the target server at `server`, which serves the model under the
     name `target.model`."""
     data = dt.spec.data
-    argv = ["generate", "--workspace", at.workspace, "--server", server, "--model", dt.spec.target.model]
+    argv = ["generate", "--workspace", at.workspace, "--server", server, "--model", dt.spec.target.model,
+            *_revision_args(dt)]  # fmt: skip
     for source in data.sources:
         tools = f",tools-field={source.tools_field}" if source.tools_field else ""
         argv += ["--source", source_arg(source, at, source.weight) + tools]
@@ -174,22 +180,20 @@ def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
 
 def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:
     """`eagle3 extract --mode offline`: hidden states into the workspace (it starts its own server)."""
-    target = at.model(dt.spec.target.model, "target")
-    return ["extract", "--workspace", at.workspace, "--mode", "offline", "--target", target,
+    return ["extract", "--workspace", at.workspace, "--mode", "offline", *_target_args(dt, at),
             "--layer-ids", _layer_ids(dt)]  # fmt: skip
 
 
 def stream_server_argv(dt: DraftTraining, at: Locations, port: int, stream_port: int) -> list[str]:
     """`eagle3 extract --mode streaming`: the extraction server a streaming trainer reads from."""
-    target = at.model(dt.spec.target.model, "target")
-    return ["extract", "--workspace", at.workspace, "--mode", "streaming", "--target", target,
+    return ["extract", "--workspace", at.workspace, "--mode", "streaming", *_target_args(dt, at),
             "--layer-ids", _layer_ids(dt), "--port", str(port), "--stream-port", str(stream_port)]  # fmt: skip
 
 
 def _train_argv(dt: DraftTraining, at: Locations, stream_server: str | None) -> list[str]:
     """`eagle3 train`; in streaming mode it reads the states from `stream_server`."""
     spec, training = dt.spec, dt.spec.training
-    argv = ["train", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
+    argv = ["train", "--workspace", at.workspace, *_target_args(dt, at),
             "--hidden-states", spec.hidden_states.mode]  # fmt: skip
     if spec.hidden_states.mode == "streaming":
         argv += ["--server", stream_server]
@@ -213,7 +217,7 @@ def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
     checkpoint; a second vLLM start per checkpoint would double the evaluators' time for a
     number that does not pick the checkpoint (acceptance length does)."""
     spec, evaluation = dt.spec, dt.spec.evaluation
-    argv = ["evaluate", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
+    argv = ["evaluate", "--workspace", at.workspace, *_target_args(dt, at),
             "--checkpoint", Workspace(at.workspace).checkpoint_dir(step).name]  # fmt: skip
     # Prompts borrowed from the first data source are read the way generation read them.
     for source in evaluation.prompts or spec.data.sources[:1]:
@@ -240,7 +244,7 @@ def _sweep_argv(dt: DraftTraining, at: Locations) -> list[str]:
     spec, evaluation = dt.spec, dt.spec.evaluation
     sweep = evaluation.sweep
     assert sweep is not None, "stages() plans sweep only with evaluation.sweep"
-    argv = ["sweep", "--workspace", at.workspace, "--target", at.model(spec.target.model, "target"),
+    argv = ["sweep", "--workspace", at.workspace, *_target_args(dt, at),
             "--checkpoint", "best"]  # fmt: skip
     for source in evaluation.prompts or spec.data.sources[:1]:
         argv += ["--prompts", source_arg(source, at)]

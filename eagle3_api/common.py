@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from eagle3_operator.api.base import (
+from eagle3_api.base import (
     FREE_FORM_OBJECT,
     ApiModel,
     DnsName,
@@ -101,6 +101,12 @@ class TargetSpec(ApiModel):
                     "self.gpus >= self.tensorParallelSize",
                     "gpus must be at least tensorParallelSize",
                     field_path=".gpus",
+                ),
+                cel(
+                    "!has(self.revision) || !self.model.startsWith('pvc://')",
+                    "revision names a version of a Hugging Face id; a pvc:// model is one directory, "
+                    "so leave revision out (point model at the directory of the version you want)",
+                    field_path=".revision",
                 ),
             ]
         }

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle3_operator.api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quantity, cel, section
-from eagle3_operator.api.common import (
+from eagle3_api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quantity, cel, section
+from eagle3_api.common import (
     CONDITIONS_FIELD,
     Condition,
     ImagePullSecrets,
@@ -20,11 +20,12 @@ from eagle3_operator.api.common import (
     TargetSpec,
     image_pull_secrets_field,
 )
+from eagle3_api.progress import Progress
+from eagle3_api.stages import TrainingStageName
 
 KIND = "DraftTraining"
 PLURAL = "drafttrainings"
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/eagle3-ai/eagle3-runtime:0.1.0"
-StageName = Literal["generate", "extract", "train", "evaluate", "select", "sweep", "export", "quantize"]
 DEFAULT_STEPS = 2000
 MAX_DRAFT_LAYERS = 4  # the runtime's bound too (eagle3_runtime.model.config)
 RelativePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[^/\s][^\s]*$")]
@@ -429,7 +430,7 @@ class DraftTrainingSpec(ApiModel):
 class StageStatus(ApiModel):
     """One pipeline stage."""
 
-    name: StageName = Field(description="Stage name.")
+    name: TrainingStageName = Field(description="Stage name.")
     state: Literal["Pending", "Running", "Succeeded", "Failed"] = Field(description="Stage state.")
     attempt: int = Field(
         0, description="Retry round; bumped when a failed training is retried by a spec edit."
@@ -445,21 +446,6 @@ class StageStatus(ApiModel):
     metrics: dict[str, Any] = Field(
         default_factory=dict, description="The stage's result metrics.", json_schema_extra=FREE_FORM_OBJECT
     )
-
-
-class Progress(ApiModel):
-    """The latest progress record of the running stage (the pods' eagle3.ai/progress annotation)."""
-
-    stage: str = Field(description="Stage reporting.")
-    step: int | None = Field(None, description="Training step (or evaluation item).")
-    total_steps: int | None = Field(None, description="Total steps.")
-    loss: float | None = Field(None, description="Latest training loss.")
-    accuracy_per_position: list[float] | None = Field(
-        None, description="Draft top-1 accuracy per TTT position."
-    )
-    samples: int | None = Field(None, description="Samples generated or extracted so far.")
-    eta_seconds: float | None = Field(None, description="Estimated seconds left in the stage.")
-    updated_at: str | None = Field(None, description="When the record was written.")
 
 
 class CheckpointEvaluation(ApiModel):

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from eagle3_operator.api import DraftTraining, SpecDecodeDeployment, crdgen
-from eagle3_operator.api.base import ApiModel
-from eagle3_operator.api.schema import SchemaError, structural_schema
 from pydantic import Field
+
+from eagle3_api import crdgen
+from eagle3_api.base import ApiModel
+from eagle3_api.draft_training import DraftTraining
+from eagle3_api.schema import SchemaError, structural_schema
+from eagle3_api.spec_decode_deployment import SpecDecodeDeployment
 
 
 def test_generated_crd_files_match_the_models():
@@ -117,8 +120,9 @@ def _spec(**sections) -> dict:
 
 
 def test_training_length_is_steps_or_epochs():
-    from eagle3_operator.api.draft_training import DraftTrainingSpec
     from pydantic import ValidationError
+
+    from eagle3_api.draft_training import DraftTrainingSpec
 
     assert DraftTrainingSpec.model_validate(_spec()).training.length_args == ["--steps", "2000"]
     assert DraftTrainingSpec.model_validate(_spec(training={"steps": 7})).training.length_args == [
@@ -134,8 +138,9 @@ def test_training_length_is_steps_or_epochs():
 
 
 def test_draft_initialization_needs_a_path_exactly_when_from_a_checkpoint():
-    from eagle3_operator.api.draft_training import DraftTrainingSpec
     from pydantic import ValidationError
+
+    from eagle3_api.draft_training import DraftTrainingSpec
 
     draft = DraftTrainingSpec.model_validate(_spec()).draft
     assert (draft.layers, draft.initialization.source, draft.initialization.path) == (1, "scratch", None)
@@ -150,8 +155,7 @@ def test_draft_initialization_needs_a_path_exactly_when_from_a_checkpoint():
 
 
 def test_draft_layer_bound_is_the_runtime_bound():
-    from eagle3_operator.api.draft_training import MAX_DRAFT_LAYERS
-
+    from eagle3_api.draft_training import MAX_DRAFT_LAYERS
     from eagle3_runtime.model import config
 
     assert MAX_DRAFT_LAYERS == config.MAX_DRAFT_LAYERS
