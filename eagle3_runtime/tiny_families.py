@@ -1,4 +1,4 @@
-"""Tiny targets of the model families users serve, built on this machine (issue 15 §1).
+"""Tiny targets of the model families users serve, built on this machine.
 
 `eagle3_runtime/tiny_target.py` builds one tiny Llama; this module builds, the same way (a BPE
 tokenizer trained on the Python standard library's sources, then brief training on raw source and

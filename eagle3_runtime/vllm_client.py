@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 LongSamplePolicy = Literal["truncate", "skip"]
+Post = Callable[[str, int, dict[str, Any]], Awaitable[dict]]  # (path, turn, body) -> the server's reply
 
 
 @dataclass(frozen=True)
@@ -184,24 +186,29 @@ async def generate_one(
 ) -> ConversationRecord:
     """One sample (`sample` is its id, a number): a regenerated conversation or a completion.
     Without `chat` settings, prompts are as long as the server accepts."""
-    generate = _generate_chat if prompt.turns is not None else _generate_completion
-    return await generate(client, sample, prompt, sampling, chat or ChatSettings(max_length=None), policy)
+    chat = chat or ChatSettings(max_length=None)
+
+    async def post(path: str, turn: int, body: dict[str, Any]) -> dict:
+        return await _post_with_retries(client, path, {**_request(sampling, sample, turn), **body}, policy)
+
+    length = _LengthCheck(chat)
+    meta: dict[str, Any] = {"source": prompt.location}
+    if prompt.turns is not None:
+        fields = await _regenerate_conversation(post, prompt, chat, length, meta)
+    else:
+        fields = await _complete(post, prompt, length)
+    if length.truncated:
+        meta["truncated"] = length.truncated
+    return ConversationRecord(id=sample, domain=prompt.domain, meta=meta, **fields)
 
 
-async def _generate_chat(
-    client: httpx.AsyncClient,
-    sample: str,
-    prompt: Prompt,
-    sampling: SamplingSettings,
-    chat: ChatSettings,
-    policy: RetryPolicy,
-) -> ConversationRecord:
+async def _regenerate_conversation(
+    post: Post, prompt: Prompt, chat: ChatSettings, length: _LengthCheck, meta: dict[str, Any]
+) -> dict[str, Any]:
     """Regenerate the conversation's assistant turns in order, each conditioned on the ones before."""
     history: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
     previous_tokens: list[int] = []
-    meta: dict[str, Any] = {"source": prompt.location}
-    length = _LengthCheck(chat)
     for number, turn in enumerate(prompt.turns):
         context = turn.context
         if number:
@@ -209,13 +216,13 @@ async def _generate_chat(
             if stopped:
                 meta["stopped"] = f"turn {number + 1}: {stopped}"
                 break
-        body = {**_request(sampling, sample, number), "messages": history + context}
+        body: dict[str, Any] = {"messages": history + context}
         if prompt.tools:
             body["tools"] = prompt.tools
         if chat.chat_template_kwargs:
             body["chat_template_kwargs"] = chat.chat_template_kwargs
         try:
-            reply = await _post_with_retries(client, "/v1/chat/completions", body, policy)
+            reply = await post("/v1/chat/completions", number, body)
         except ContextTooLong as exc:
             length.refused(number, exc)
             break
@@ -230,48 +237,28 @@ async def _generate_chat(
         previous_tokens = prompt_ids + completion_ids
         if length.truncated:
             break
-    if length.truncated:
-        meta["truncated"] = length.truncated
-    return ConversationRecord(
-        id=sample,
+    return dict(
         mode="chat",
-        domain=prompt.domain,
         messages=history,
         tools=prompt.tools,
         chat_template_kwargs=chat.chat_template_kwargs,
         generations=generations,
-        meta=meta,
     )
 
 
-async def _generate_completion(
-    client: httpx.AsyncClient,
-    sample: str,
-    prompt: Prompt,
-    sampling: SamplingSettings,
-    chat: ChatSettings,
-    policy: RetryPolicy,
-) -> ConversationRecord:
-    body = {**_request(sampling, sample, 0), "prompt": prompt.text}
+async def _complete(post: Post, prompt: Prompt, length: _LengthCheck) -> dict[str, Any]:
     try:
-        reply = await _post_with_retries(client, "/v1/completions", body, policy)
+        reply = await post("/v1/completions", 0, {"prompt": prompt.text})
     except ContextTooLong as exc:
         raise LongSample(f"the server refused the prompt ({exc})") from exc
     choice = reply["choices"][0]
     prompt_ids, completion_ids = _token_ids(choice.get("prompt_token_ids"), choice.get("token_ids"))
-    length = _LengthCheck(chat)
     length.keep(0, prompt_ids, completion_ids)
-    meta = {"source": prompt.location}
-    if length.truncated:
-        meta["truncated"] = length.truncated
-    return ConversationRecord(
-        id=sample,
+    return dict(
         mode="completion",
-        domain=prompt.domain,
         prompt=prompt.text,
         completion=choice.get("text") or "",
         prompt_token_ids=prompt_ids,
         completion_token_ids=completion_ids,
         finish_reason=choice.get("finish_reason"),
-        meta=meta,
     )

@@ -29,28 +29,26 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
             print(f"\ntest-bed component logs kept in {local.log_dir}")
 
 
+def _fresh_namespace(cluster: LocalCluster, *, manual: bool = False) -> Iterator[str]:
+    cluster.check_running("setting up a test")
+    name = cluster.create_namespace(manual=manual)
+    yield name
+    cluster.delete_namespace(name)
+
+
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
     """A fresh namespace; kwok ends the pods of Jobs in it with Succeeded after about a second."""
-    cluster.check_running("setting up a test")
-    name = cluster.create_namespace()
-    yield name
-    cluster.delete_namespace(name)
+    yield from _fresh_namespace(cluster)
 
 
 @pytest.fixture
 def manual_namespace(cluster: LocalCluster) -> Iterator[str]:
     """A fresh namespace whose Job pods stay Running until the test calls complete_pod / fail_pod."""
-    cluster.check_running("setting up a test")
-    name = cluster.create_namespace(manual=True)
-    yield name
-    cluster.delete_namespace(name)
+    yield from _fresh_namespace(cluster, manual=True)
 
 
 @pytest.fixture
 def real_node_namespace(cluster: LocalCluster) -> Iterator[str]:
     """A fresh namespace for pods that run on the real node (give them realnode.on_real_node(spec))."""
-    cluster.check_running("setting up a test")
-    name = cluster.create_namespace()
-    yield name
-    cluster.delete_namespace(name)
+    yield from _fresh_namespace(cluster)

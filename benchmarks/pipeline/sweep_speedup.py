@@ -8,8 +8,9 @@ SpecDecodeDeployment with `numSpeculativeTokens: auto` serves it (the operator's
 the `--speculative-config`, with vLLM's `num_speculative_tokens_per_batch_size`) next to the target
 without speculation, and measured at every concurrency of the ladder, again in ABBA rounds.
 
-The bars (issue 14 §4): at concurrency 1, auto >= 1.8x the no-speculation baseline; at every
-concurrency, auto >= 0.97x the better of no speculation and the best static K of the sweep.
+The bars (set by the issue "SpecDecodeDeployment that never loses"): at concurrency 1, auto >= 1.8x
+the no-speculation baseline; at every concurrency, auto >= 0.97x the better of no speculation and
+the best static K of the sweep.
 
     python benchmarks/pipeline/sweep_speedup.py --target DIR --workspace out/sweep \
         [--max-speculative-tokens 5] [--concurrency 1 2 4 8 16] [--rounds 1]

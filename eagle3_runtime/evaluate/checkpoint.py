@@ -46,6 +46,23 @@ def resolve_checkpoint(workspace: Workspace, name: str) -> tuple[Path, int | Non
     return path, None, workspace.evaluations_dir / f"{path.resolve().name}.json"
 
 
+def served_draft(workspace: Workspace, draft: Path, step: int | None) -> Path:
+    """What vLLM serves for a draft: a checkpoint as it would be deployed (exported in the serving
+    dtype, under .evaluate/), a draft directory as it is."""
+    if step is None:
+        return draft
+    served = workspace.root / ".evaluate" / draft.name
+    copy_draft_dir(draft, served)
+    return served
+
+
+def speedup(candidate: dict, baseline: dict | None) -> float | None:
+    """The candidate's output tokens/s over the baseline's, when both were measured."""
+    if baseline and baseline["tokens_per_second"] and candidate["tokens_per_second"]:
+        return round(candidate["tokens_per_second"] / baseline["tokens_per_second"], 3)
+    return None
+
+
 def _served_model(url: str) -> str:
     return httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"]
 
@@ -111,12 +128,7 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
         return json.loads(output.read_text())
     domains = prompt_domains(config.prompts, config.prompts_per_domain)
     buckets = evaluation_buckets(config)  # before any server starts: a bad prompt set fails fast
-    served = None
-    if not config.server:
-        # Serve what would be deployed: the checkpoint exported in the serving dtype.
-        served = workspace.root / ".evaluate" / draft.name if step is not None else draft
-        if step is not None:
-            copy_draft_dir(draft, served)
+    served = None if config.server else served_draft(workspace, draft, step)
     rounds, baseline_mode, contexts = _measure_rounds(config, domains, served, draft.name, buckets)
     candidate_rounds = [r for r in rounds if r.side == CANDIDATE]
     measured = summarise(pooled(candidate_rounds), config.num_speculative_tokens)
@@ -129,9 +141,7 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
         baseline["measured_at"] = baseline_rounds[0].started_at
     else:
         baseline = cached_baseline(config) if baseline_mode == "cached" else None
-    speedup = None
-    if baseline and baseline["tokens_per_second"] and measured["tokens_per_second"]:
-        speedup = round(measured["tokens_per_second"] / baseline["tokens_per_second"], 3)
+    measured_speedup = speedup(measured, baseline)
     settings = {
         "max_tokens": config.max_tokens,
         "concurrency": config.concurrency,
@@ -151,7 +161,7 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
         # When and how the baseline was measured: a cached one may be from much earlier.
         "baseline_mode": baseline_mode if baseline else None,
         "baseline_measured_at": baseline.get("measured_at") if baseline else None,
-        "speedup": speedup,
+        "speedup": measured_speedup,
         "acceptance_by_context_length": contexts,
         "rounds": [r.record() for r in rounds],
         "settings": settings,
@@ -162,6 +172,6 @@ def evaluate_checkpoint(config: EvaluateConfig) -> dict:
         "evaluated %s: acceptance length %.3f, speedup %s",
         draft.name,
         evaluation["acceptance_length"],
-        speedup,
+        measured_speedup,
     )
     return evaluation

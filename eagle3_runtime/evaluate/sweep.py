@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eagle3_api.sweep_schedule import max_k, schedule_from_best
 from eagle3_api.workspace import Workspace
-from eagle3_runtime.evaluate.checkpoint import resolve_checkpoint
+from eagle3_runtime.evaluate.checkpoint import resolve_checkpoint, served_draft, speedup
 from eagle3_runtime.evaluate.config import SERVED_NAME, EvaluateConfig, target_server
 from eagle3_runtime.evaluate.rounds import (
     BASELINE,
@@ -31,7 +31,6 @@ from eagle3_runtime.evaluate.rounds import (
     summarise,
     utc_now,
 )
-from eagle3_runtime.export import copy_draft_dir
 from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.prompt_sources import SourceSpec
 
@@ -83,11 +82,7 @@ def _draft(config: SweepConfig) -> tuple[Path, Path]:
             raise FileNotFoundError(f"{workspace.selection_file} is missing: run `eagle3 select` first")
         name = f"step-{int(json.loads(workspace.selection_file.read_text())['step'])}"
     draft, step, _ = resolve_checkpoint(workspace, name)
-    if step is None:
-        return draft, draft
-    served = workspace.root / ".evaluate" / draft.name
-    copy_draft_dir(draft, served)
-    return draft, served
+    return draft, served_draft(workspace, draft, step)
 
 
 def measure_ladder(config: SweepConfig, k: int, urls: dict[str, str], domains: dict) -> list[dict]:
@@ -101,23 +96,21 @@ def measure_ladder(config: SweepConfig, k: int, urls: dict[str, str], domains: d
         ]  # fmt: skip
         candidate = summarise(pooled([r for r in rounds if r.side == CANDIDATE]), k)
         baseline = summarise(pooled([r for r in rounds if r.side == BASELINE]), k)
-        speedup = None
-        if candidate["tokens_per_second"] and baseline["tokens_per_second"]:
-            speedup = round(candidate["tokens_per_second"] / baseline["tokens_per_second"], 3)
+        speedup_at_k = speedup(candidate, baseline)
         measured.append(
             {
                 "num_speculative_tokens": k,
                 "concurrency": concurrency,
                 "tokens_per_second": candidate["tokens_per_second"],
                 "baseline_tokens_per_second": baseline["tokens_per_second"],
-                "speedup": speedup,
+                "speedup": speedup_at_k,
                 "acceptance_length": candidate["acceptance_length"],
                 "acceptance_per_position": candidate["acceptance_per_position"],
                 "drafts": candidate["drafts"],
                 "rounds": [r.record() for r in rounds],
             }
         )
-        log.info("sweep K=%d concurrency %d: speedup %s", k, concurrency, speedup)
+        log.info("sweep K=%d concurrency %d: speedup %s", k, concurrency, speedup_at_k)
     return measured
 
 

@@ -23,13 +23,11 @@ import yaml
 from tests.chart.helm import CHART_DIR, helm, values_args
 from tests.operator import fakes
 from tests.operator.harness import (
-    EXPORT_DIGEST,
     OperatorProcess,
     bind_volume,
     draft_training_path,
     get,
     items,
-    stage_result,
 )
 from tests.support import realnode
 from tests.support.cluster import ApiError, LocalCluster, wait_until
@@ -281,9 +279,7 @@ def play_stage_pods(installation: Installation, training: str) -> None:
         }
         installation.as_runtime.annotate_pod(work, name, "eagle3.ai/progress", json.dumps(progress))
         job = pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]
-        # export (and quantize) report the published draft's content digest
-        metrics = fakes.stage_metrics(stage, job, total_steps=TRAINING_STEPS) or {"digest": EXPORT_DIGEST}
-        cluster.complete_pod(work, name, message=stage_result(stage, **metrics))
+        cluster.complete_pod(work, name, message=fakes.stage_report(stage, job, total_steps=TRAINING_STEPS))
 
 
 def run_training(installation: Installation, name: str, timeout: float = 240) -> dict[str, Any]:

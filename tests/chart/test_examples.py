@@ -21,8 +21,8 @@ import yaml
 
 from eagle3_api.workspace import export_version
 from tests.chart.helm import CHART_DIR, RELEASE, by_kind, helm, install_chart_crds, render
+from tests.operator import fakes
 from tests.operator.harness import (
-    EXPORT_DIGEST,
     OperatorProcess,
     bind_volume,
     condition,
@@ -255,7 +255,7 @@ def test_drafttraining_example_trains_on_mi300x_nodes_and_the_serving_example_ro
             what="the target server's pod running",
         )
         done = drive_to_success(cluster, ns, name)
-        export = f"llama31-8b/eagle3/{export_version(EXPORT_DIGEST)}"  # published under its digest
+        export = f"llama31-8b/eagle3/{export_version(fakes.EXPORT_DIGEST)}"  # published under its digest
         assert done["status"]["export"]["uri"] == f"pvc://drafts/{export}"
         stage_pods = [target, *_pods(cluster, ns, "eagle3.ai/stage")]
         by_stage = {}

@@ -1,4 +1,6 @@
-"""Builders of API objects as the API server returns them, for the planner unit tests (no cluster)."""
+"""Builders of API objects as the API server returns them, what the tests' stage pods report, and
+lookups into planned objects: for the planner unit tests, and the cluster and chart tests that play
+the stage pods."""
 
 from __future__ import annotations
 
@@ -88,13 +90,42 @@ def job_pod(job: dict[str, Any], *, phase: str, message: str | None, reason: str
     }
 
 
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    """The condition of `type_` in a planned status."""
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def command(job: dict[str, Any]) -> list[str]:
+    """The command of a Job's (or a Deployment's) first container."""
+    return job["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value that follows flag `name` in a command line (None when it is not there)."""
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
 def result(stage: str, ok: bool = True, message: str = "", **metrics: Any) -> str:
     return StageResult(stage=stage, ok=ok, message=message, metrics=metrics).to_message()
+
+
+# The stages an offline DraftTraining walks, in order.
+OFFLINE_STAGES = ["generate", "extract", "train", "evaluate", "select", "export"]
 
 
 # What each stage "reports" when the tests play its pods: one formula for the unit, cluster and chart
 # tests (numbers are arbitrary but checked). Checkpoints at half and all of the training's steps;
 # acceptance grows with the step, so the last checkpoint is the best.
+def stage_report(stage: str, job: str, *, ok: bool = True, total_steps: int = 100) -> str:
+    """The result message the pod of stage Job `job` ends with."""
+    return result(stage, ok, **stage_metrics(stage, job, total_steps))
+
+
+# export and quantize report the published draft's content digest: two, to tell which one a status took.
+EXPORT_DIGEST = "sha256:" + "0123456789abcdef" * 4
+QUANTIZE_DIGEST = "sha256:" + "cd" * 32
+
+
 def acceptance_at(step: int, total_steps: int) -> float:
     return round(2.0 + 0.4 * step / total_steps, 6)
 
@@ -145,6 +176,10 @@ def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any
             "acceptance_length": acceptance_at(total_steps, total_steps),
             **context_metrics(total_steps, total_steps),
         }
+    if stage == "export":
+        return {"digest": EXPORT_DIGEST}
+    if stage == "quantize":
+        return {"digest": QUANTIZE_DIGEST}
     if stage == "sweep":
         return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
                 "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip

@@ -21,7 +21,6 @@ from eagle3_operator.reconcile.training_children import stage_jobs
 from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_api.draft_training import DraftTraining
-from eagle3_api.stage_result import StageResult
 from eagle3_runtime.vllm_server import free_port
 from tests.operator import fakes
 from tests.support.cluster import ApiError, LocalCluster, wait_until
@@ -207,21 +206,9 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
-def stage_result(stage: str, **metrics: Any) -> str:
-    return StageResult(stage=stage, metrics=metrics).to_message()
-
-
 def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
     pods = items(cluster, f"/api/v1/namespaces/{namespace}/pods", f"batch.kubernetes.io/job-name={job}")
     return [p for p in pods if p["status"].get("phase") == "Running"]
-
-
-EXPORT_DIGEST = "sha256:" + "0123456789abcdef" * 4
-
-
-def result_for(stage: str, job: str) -> str:
-    # export and quantize report the published draft's digest (one for both here)
-    return stage_result(stage, **(fakes.stage_metrics(stage, job) or {"digest": EXPORT_DIGEST}))
 
 
 STAGE_JOBS = [
@@ -245,7 +232,7 @@ def wait_for_stage_pods(cluster: LocalCluster, namespace: str, jobs: list[str]) 
 def complete_stage(cluster: LocalCluster, namespace: str, stage: str, jobs: list[str]) -> None:
     for job, pods in wait_for_stage_pods(cluster, namespace, jobs).items():
         for pod in pods:
-            cluster.complete_pod(namespace, pod["metadata"]["name"], message=result_for(stage, job))
+            cluster.complete_pod(namespace, pod["metadata"]["name"], message=fakes.stage_report(stage, job))
 
 
 def stage_record(body: dict[str, Any], stage: str) -> dict[str, Any]:

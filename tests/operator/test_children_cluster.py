@@ -28,14 +28,6 @@ from tests.support.cluster import ApiError, wait_until
 HOLD = "eagle3.ai/test-hold"  # a finalizer that keeps a deleted Job, as a slow garbage collector would
 
 
-def _command(job: dict) -> list[str]:
-    return job["spec"]["template"]["spec"]["containers"][0]["command"]
-
-
-def _flag(command: list[str], flag: str) -> str:
-    return command[command.index(flag) + 1]
-
-
 def test_a_recreated_training_never_reads_the_children_of_its_predecessor(
     crds, manual_namespace, start_operator
 ):
@@ -81,7 +73,7 @@ def test_a_recreated_training_never_reads_the_children_of_its_predecessor(
         return job if job and job["metadata"]["ownerReferences"][0]["uid"] == new_uid else None
 
     job = wait_until(own_job, timeout=60, interval=0.3, what="the new object's generate Job")
-    assert _flag(_command(job), "--workspace") == f"/workspace/runs/{new_uid}"
+    assert fakes.flag(fakes.command(job), "--workspace") == f"/workspace/runs/{new_uid}"
     complete_stage(cluster, ns, "generate", ["llama-generate"])
     body = wait_stage_succeeded(cluster, ns, "llama", "generate")
     assert condition(body, "Generated")["reason"] == "Completed"
@@ -124,8 +116,8 @@ def test_a_finished_training_changes_target_only_through_a_restart(crds, manual_
     job = wait_until(
         lambda: jobs_of(cluster, ns, "llama").get("llama-generate-r1"), timeout=30, what="the new run's Job"
     )
-    assert _flag(_command(job), "--workspace") == f"/workspace/runs/{uid}-restart-1"
-    assert _flag(_command(job), "--model") == "org/other-model"
+    assert fakes.flag(fakes.command(job), "--workspace") == f"/workspace/runs/{uid}-restart-1"
+    assert fakes.flag(fakes.command(job), "--model") == "org/other-model"
     wait_until(
         lambda: "llama-train" not in jobs_of(cluster, ns, "llama"), timeout=30, what="old Jobs deleted"
     )

@@ -139,7 +139,7 @@ def test_a_raised_restart_trains_again_from_the_start_in_a_new_directory():
     plan = cluster.reconcile()
     (generate,) = cluster.running_jobs()
     assert generate["metadata"]["name"] == "llama-generate-r1"
-    command = generate["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = fakes.command(generate)
     assert command[command.index("--workspace") + 1] == "/workspace/runs/uid-1-restart-1"
     assert command[command.index("--model") + 1] == "org/other-model"
     final = cluster.run_to_end()

@@ -27,7 +27,7 @@ def _stage_commands(**spec) -> list[tuple[list[str], bool]]:
     assert plan.status["phase"] == "Succeeded"
     commands = []
     for job in cluster.observed.jobs.values():
-        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        command = fakes.command(job)
         if command[0] == "torchrun":
             command = command[command.index("--no-python") + 1 :]
         commands.append((command, True))

@@ -7,7 +7,6 @@ import json
 from eagle3_api.workspace import export_version
 from tests.operator import fakes
 from tests.operator.harness import (
-    EXPORT_DIGEST,
     bind_volume,
     condition,
     draft_training_path,
@@ -157,12 +156,14 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     )
     # The export's versioned directory (named by its digest), never a path a later export rewrites.
     # In the training's own directory of its workspace claim.
-    export = f"runs/{training['metadata']['uid']}/export/{export_version(EXPORT_DIGEST)}"
+    export = f"runs/{training['metadata']['uid']}/export/{export_version(fakes.EXPORT_DIGEST)}"
     assert _speculative_config(rolled) == {"method": "eagle3", "model": f"/models/draft/{export}",
                                             "num_speculative_tokens": 3}  # fmt: skip
     volume = next(v for v in rolled["spec"]["template"]["spec"]["volumes"] if v["name"] == "draft-model")
     assert volume["persistentVolumeClaim"] == {"claimName": "llama-workspace", "readOnly": True}
-    assert rolled["spec"]["template"]["metadata"]["annotations"]["eagle3.ai/draft-export"] == EXPORT_DIGEST
+    assert (
+        rolled["spec"]["template"]["metadata"]["annotations"]["eagle3.ai/draft-export"] == fakes.EXPORT_DIGEST
+    )
     body = cluster.request("GET", spec_decode_path(ns, "chat"))
     assert condition(body, "DraftResolved")["status"] == "True"
     pinned = {
@@ -171,7 +172,7 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
         "source": "DraftTraining/llama",
         "draftTraining": {"name": "llama", "uid": training["metadata"]["uid"], "generation": 1},
         "acceptanceLength": 2.4,
-        "digest": EXPORT_DIGEST,
+        "digest": fakes.EXPORT_DIGEST,
     }
     assert body["status"]["resolvedDraft"] == pinned
 

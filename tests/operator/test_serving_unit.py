@@ -30,10 +30,6 @@ def _spec_config(deployment: dict) -> dict | None:
     return json.loads(args[args.index("--speculative-config") + 1])
 
 
-def _condition(status: dict, type_: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == type_)
-
-
 def _exported(path: str = "export", acceptance: float = 2.7, generation: int = 1) -> dict:
     """A Succeeded DraftTraining's status, its draft exported to the workspace claim."""
     return {
@@ -80,7 +76,7 @@ def test_deployment_serves_target_with_the_eagle3_draft():
         "app.kubernetes.io/component=server,app.kubernetes.io/instance=chat,eagle3.ai/spec-decode-deployment=chat"
     )
     assert plan.status["endpoint"] == "http://chat.ml.svc:8000/v1"
-    assert _condition(plan.status, "DraftResolved")["status"] == "True"
+    assert fakes.condition(plan.status, "DraftResolved")["status"] == "True"
 
 
 def test_monitors_only_when_the_prometheus_operator_serves_them():
@@ -113,7 +109,7 @@ def test_from_draft_training_waits_then_rolls_the_draft_in():
         "status": {"phase": "Running", "stage": "train"},
     }
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
-    resolved = _condition(plan.status, "DraftResolved")
+    resolved = fakes.condition(plan.status, "DraftResolved")
     assert resolved["status"] == "False" and resolved["reason"] == "WaitingForDraftTraining"
     assert _spec_config(_deployment(plan)) is None, "serves the target alone meanwhile"
     body["status"] = plan.status
@@ -123,20 +119,20 @@ def test_from_draft_training_waits_then_rolls_the_draft_in():
     assert plan.status["resolvedDraft"] == _record()
     assert [e.reason for e in plan.events] == ["DraftResolved"]
     missing = plan_serving(body, ServingObserved(now=fakes.NOW))
-    assert _condition(missing.status, "DraftResolved")["reason"] == "DraftTrainingNotFound"
+    assert fakes.condition(missing.status, "DraftResolved")["reason"] == "DraftTrainingNotFound"
 
 
 def test_availability_from_the_deployment():
     body = fakes.spec_decode(replicas=2)
     first = plan_serving(body, ServingObserved(now=fakes.NOW))
-    assert _condition(first.status, "Available")["status"] == "False"
-    assert _condition(first.status, "Progressing")["status"] == "True"
+    assert fakes.condition(first.status, "Available")["status"] == "False"
+    assert fakes.condition(first.status, "Progressing")["status"] == "True"
     body["status"] = first.status
     observed = ServingObserved(now=fakes.NOW, deployment=fakes.ready_deployment(_deployment(first)))
     plan = plan_serving(body, observed)
     assert plan.status["readyReplicas"] == 2 and plan.status["replicas"] == 2
-    assert _condition(plan.status, "Available")["status"] == "True"
-    assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
+    assert fakes.condition(plan.status, "Available")["status"] == "True"
+    assert fakes.condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
     body["status"] = plan.status
     again = plan_serving(body, observed)
     assert again.status == plan.status and again.events == []
@@ -150,7 +146,7 @@ def test_a_new_template_is_progressing_until_the_deployment_has_it():
     plan = plan_serving(
         body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=settled_alone)
     )
-    assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
+    assert fakes.condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
     training["status"] = _exported()
     # The draft resolves while the live Deployment, settled, still runs the target alone.
     plan = plan_serving(
@@ -158,16 +154,16 @@ def test_a_new_template_is_progressing_until_the_deployment_has_it():
     )
     with_draft = _deployment(plan)
     assert _spec_config(with_draft) is not None
-    progressing = _condition(plan.status, "Progressing")
+    progressing = fakes.condition(plan.status, "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut"), progressing
-    assert _condition(plan.status, "Available")["status"] == "True", "the old pods still serve"
+    assert fakes.condition(plan.status, "Available")["status"] == "True", "the old pods still serve"
     done = plan_serving(
         body,
         ServingObserved(
             now=fakes.NOW, draft_training=training, deployment=fakes.ready_deployment(with_draft)
         ),
     )
-    assert _condition(done.status, "Progressing")["reason"] == "RolloutComplete"
+    assert fakes.condition(done.status, "Progressing")["reason"] == "RolloutComplete"
 
 
 # ---- the pinned draft: serving keeps what it resolved -----------------------------------------------
@@ -194,14 +190,14 @@ def _assert_keeps_the_pinned_draft(body: dict, training: dict | None, deployment
     assert _deployment(plan)["spec"]["template"] == deployment["spec"]["template"], "no rollout"
     assert _spec_config(_deployment(plan))["model"] == "/models/draft/export"
     assert plan.status["resolvedDraft"] == body["status"]["resolvedDraft"]
-    resolved = _condition(plan.status, "DraftResolved")
+    resolved = fakes.condition(plan.status, "DraftResolved")
     assert (resolved["status"], resolved["reason"], resolved["observedGeneration"]) == ("False", reason, 1)
     assert (
         "keeps serving the pinned draft pvc://llama-workspace/export (exported by generation 1)"
         in (resolved["message"])
     )
     assert [(e.type, e.reason, e.message) for e in plan.events] == [("Warning", reason, resolved["message"])]
-    assert _condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
+    assert fakes.condition(plan.status, "Progressing")["reason"] == "RolloutComplete"
     again = plan_serving(body | {"status": plan.status}, observed)
     assert again.events == [] and again.status == plan.status, "said once, not on every reconcile"
     return resolved["message"]
@@ -246,11 +242,11 @@ def test_a_newer_successful_export_replaces_the_pinned_draft():
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training, deployment=deployment))
     assert _spec_config(_deployment(plan))["model"] == "/models/draft/export-fp8"
     assert plan.status["resolvedDraft"] == _record("export-fp8", acceptance=2.6, generation=2)
-    resolved = _condition(plan.status, "DraftResolved")
+    resolved = fakes.condition(plan.status, "DraftResolved")
     assert (resolved["status"], resolved["reason"]) == ("True", "FromDraftTraining")
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "DraftResolved")]
     assert "replaces pvc://llama-workspace/export" in plan.events[0].message
-    assert _condition(plan.status, "Progressing")["reason"] == "RollingOut"
+    assert fakes.condition(plan.status, "Progressing")["reason"] == "RollingOut"
 
 
 def test_a_recreated_draft_training_exporting_to_the_same_path_is_a_rollout():
@@ -281,7 +277,7 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
     scaled["spec"]["replicas"] = 4
     plan = plan_serving(scaled, ServingObserved(now=fakes.NOW, deployment=deployment))
     assert _spec_config(_deployment(plan))["model"] == "/models/draft/export"
-    assert _condition(plan.status, "DraftResolved")["reason"] == "DraftTrainingDeleted"
+    assert fakes.condition(plan.status, "DraftResolved")["reason"] == "DraftTrainingDeleted"
 
     renamed = copy.deepcopy(body)
     renamed["metadata"]["generation"] = 2
@@ -289,7 +285,7 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
     plan = plan_serving(renamed, ServingObserved(now=fakes.NOW, deployment=deployment))
     assert _spec_config(_deployment(plan)) is None, "the pin belonged to DraftTraining llama"
     assert "resolvedDraft" not in plan.status
-    resolved = _condition(plan.status, "DraftResolved")
+    resolved = fakes.condition(plan.status, "DraftResolved")
     assert (resolved["reason"], resolved["observedGeneration"]) == ("DraftTrainingNotFound", 2)
     assert resolved["message"] == (
         "DraftTraining llama-v2 does not exist; serving the target alone until it exists and succeeds"
@@ -309,7 +305,6 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
 
 
 def test_an_export_digest_is_pinned_and_names_the_export_on_the_pod_template():
-    # No export records a digest yet (issue 14 adds it); the pin and the template are ready for it.
     body = fakes.spec_decode(draft={"fromDraftTraining": "llama"})
     training = {"metadata": {"name": "llama", "uid": "uid-1"}, "status": _exported()}
     training["status"]["export"]["digest"] = "sha256:0123abcd"
@@ -409,7 +404,7 @@ def test_draft_degraded_when_a_full_window_stays_below_the_threshold():
     body, plan = _served_with_counters(accepted_per_draft=1.0)  # live 2.0 < 0.8 * 3.0
     assert plan.status["liveAcceptanceLength"] == 2.0
     assert plan.status["resolvedDraft"]["acceptanceLength"] == 3.0
-    degraded = _condition(plan.status, "DraftDegraded")
+    degraded = fakes.condition(plan.status, "DraftDegraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "AcceptanceBelowThreshold")
     assert degraded["message"] == (
         "live mean acceptance length 2 over 300 s (400 drafts); evaluated 3, threshold 2.4 (0.8x)"
@@ -418,15 +413,15 @@ def test_draft_degraded_when_a_full_window_stays_below_the_threshold():
     assert plan.requeue_after == 30
 
     _, healthy = _served_with_counters(accepted_per_draft=1.6)  # 2.6 >= 2.4
-    assert _condition(healthy.status, "DraftDegraded")["status"] == "False"
+    assert fakes.condition(healthy.status, "DraftDegraded")["status"] == "False"
     _, short = _served_with_counters(accepted_per_draft=0.1, seconds=60)  # not a full window yet
-    assert _condition(short.status, "DraftDegraded")["reason"] == "NotEnoughData"
+    assert fakes.condition(short.status, "DraftDegraded")["reason"] == "NotEnoughData"
     _, few = _served_with_counters(accepted_per_draft=0.1, drafts=50)
-    assert _condition(few.status, "DraftDegraded")["reason"] == "NotEnoughData"
+    assert fakes.condition(few.status, "DraftDegraded")["reason"] == "NotEnoughData"
 
     no_reference = fakes.spec_decode()
     plan = plan_serving(no_reference, ServingObserved(now=fakes.NOW, counters=History()))
-    assert _condition(plan.status, "DraftDegraded")["reason"] == "NoEvaluatedAcceptance"
+    assert fakes.condition(plan.status, "DraftDegraded")["reason"] == "NoEvaluatedAcceptance"
     assert "liveAcceptanceLength" not in plan.status
 
 

@@ -73,5 +73,5 @@ def test_the_verification_gate_checks_the_k_that_auto_serves():
     draft = {"model": "pvc://drafts/llama-eagle3", "speculationSchedule": SCHEDULE}
     body = fakes.spec_decode(numSpeculativeTokens="auto", draft=draft, verification={"enabled": True})
     (job,) = plan_serving(body, ServingObserved(now=fakes.NOW)).create
-    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = fakes.command(job)
     assert command[command.index("--num-speculative-tokens") + 1] == "4", "the schedule's largest K"

@@ -20,10 +20,6 @@ VLLM_IMAGE = "vllm/vllm-openai-rocm:v0.32.0"
 STAMP = kubelet.STAMP
 
 
-def _condition(status: dict, type_: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == type_)
-
-
 def _warnings(plan) -> list[tuple[str, str]]:
     return [(e.reason, e.message) for e in plan.events if e.type == "Warning"]
 
@@ -63,7 +59,7 @@ def test_an_unschedulable_stage_pod_is_the_stage_reason_with_one_warning():
     job = cluster.observed.jobs["llama-generate"]
     cluster.observed.pods.append(_template_pod(job, "llama-generate-x7k2p", kubelet.unschedulable()))
     plan = cluster.reconcile()
-    generated = _condition(plan.status, "Generated")
+    generated = fakes.condition(plan.status, "Generated")
     assert (generated["status"], generated["reason"]) == ("False", "Unschedulable")
     assert (
         generated["message"] == f"pod llama-generate-x7k2p cannot be scheduled: {kubelet.SCHEDULER_MESSAGE}"
@@ -74,7 +70,7 @@ def test_an_unschedulable_stage_pod_is_the_stage_reason_with_one_warning():
     assert again.events == [] and again.status == plan.status, "no Event, no write while nothing changes"
     cluster.observed.pods[0]["status"] = {"phase": "Running"}
     recovered = cluster.reconcile()
-    assert _condition(recovered.status, "Generated")["reason"] == "Running"
+    assert fakes.condition(recovered.status, "Generated")["reason"] == "Running"
 
 
 def test_kubelet_waiting_reasons_of_a_stage_pod_become_the_stage_reason():
@@ -90,7 +86,7 @@ def test_kubelet_waiting_reasons_of_a_stage_pod_become_the_stage_reason():
         job = cluster.observed.jobs["llama-generate"]
         cluster.observed.pods.append(_template_pod(job, "llama-generate-x7k2p", status))
         plan = cluster.reconcile()
-        generated = _condition(plan.status, "Generated")
+        generated = fakes.condition(plan.status, "Generated")
         waiting = status["containerStatuses"][0]["state"]["waiting"]["message"]
         assert generated["reason"] == reason
         assert generated["message"] == f"pod llama-generate-x7k2p, container stage: {waiting}"
@@ -111,7 +107,7 @@ def test_a_crash_looping_target_is_the_target_reason_with_its_exit_code_and_log_
     pod["status"] = kubelet.crash_loop_back_off(pod, "vllm", VLLM_IMAGE, log_tail)
     cluster.observed.pods.append(pod)
     plan = cluster.reconcile()
-    ready = _condition(plan.status, "TargetReady")
+    ready = fakes.condition(plan.status, "TargetReady")
     assert (ready["status"], ready["reason"]) == ("False", "CrashLoopBackOff")
     assert ready["message"].startswith(
         "pod llama-target-6d4f9c7b8-x2x9q, container vllm: back-off 1m20s restarting failed container=vllm "
@@ -119,7 +115,7 @@ def test_a_crash_looping_target_is_the_target_reason_with_its_exit_code_and_log_
     )
     assert ready["message"].endswith("RuntimeError: No HIP GPUs are available")
     assert ("CrashLoopBackOff", ready["message"]) in _warnings(plan)
-    assert _condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
+    assert fakes.condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
 
 
 def test_target_deployment_replica_failure_and_progress_deadline():
@@ -138,13 +134,13 @@ def test_target_deployment_replica_failure_and_progress_deadline():
          "message": 'ReplicaSet "llama-target-6d4f9c7b8" is progressing.'},
     ]  # fmt: skip
     cluster.observed.deployments["llama-target"] = target
-    ready = _condition(plan_training(cluster.body, cluster.observed).status, "TargetReady")
+    ready = fakes.condition(plan_training(cluster.body, cluster.observed).status, "TargetReady")
     assert (ready["reason"], ready["message"]) == ("FailedCreate", f"Deployment llama-target: {forbidden}")
     target["status"]["conditions"][1:] = [
         {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
          "message": 'ReplicaSet "llama-target-6d4f9c7b8" has timed out progressing.'},
     ]  # fmt: skip
-    ready = _condition(plan_training(cluster.body, cluster.observed).status, "TargetReady")
+    ready = fakes.condition(plan_training(cluster.body, cluster.observed).status, "TargetReady")
     assert ready["reason"] == "ProgressDeadlineExceeded"
     assert (
         ready["message"]
@@ -172,7 +168,7 @@ def test_a_job_that_cannot_create_pods_shows_the_job_controllers_failed_create()
          "involvedObject": {"kind": "Job", "name": "other", "uid": "job-uid-2"}},
     ]  # fmt: skip
     plan = cluster.reconcile()
-    generated = _condition(plan.status, "Generated")
+    generated = fakes.condition(plan.status, "Generated")
     assert generated["reason"] == "FailedCreate"
     assert generated["message"] == (
         'Job llama-generate cannot create its pods: pods "llama-generate-" is forbidden: error looking up '
@@ -214,7 +210,7 @@ def test_a_refused_child_is_its_condition_reason_and_is_retried():
     cluster.observed.refused = [Refusal("Deployment", "llama-target", "target", quota)]
     cluster.observed.deployments.clear()
     plan = cluster.reconcile()
-    ready = _condition(plan.status, "TargetReady")
+    ready = fakes.condition(plan.status, "TargetReady")
     assert (ready["reason"], ready["message"]) == (
         "ApplyFailed",
         f"the API server refused Deployment llama-target: {quota}",
@@ -226,8 +222,8 @@ def test_a_refused_child_is_its_condition_reason_and_is_retried():
         Refusal("PersistentVolumeClaim", "llama-workspace", "workspace", "exceeded quota")
     ]
     plan = cluster.reconcile()
-    assert _condition(plan.status, "Generated")["reason"] == "ApplyFailed"
-    assert _condition(plan.status, "TargetReady")["reason"] == "Serving"
+    assert fakes.condition(plan.status, "Generated")["reason"] == "ApplyFailed"
+    assert fakes.condition(plan.status, "TargetReady")["reason"] == "Serving"
 
 
 def test_stage_deadline_is_the_jobs_active_deadline_and_fails_with_what_it_was_stuck_on():
@@ -244,7 +240,7 @@ def test_stage_deadline_is_the_jobs_active_deadline_and_fails_with_what_it_was_s
         ]
     }  # fmt: skip
     plan = cluster.reconcile()
-    failed = _condition(plan.status, "Failed")
+    failed = fakes.condition(plan.status, "Failed")
     assert plan.status["phase"] == "Failed" and failed["reason"] == "DeadlineExceeded"
     assert failed["message"] == (
         "stage generate failed: Job llama-generate was still running after its deadline of 3600 s "
@@ -276,7 +272,10 @@ def _serving(pod_status: dict | None = None, **spec) -> tuple[dict, ServingObser
 def test_serving_pods_that_cannot_start_make_the_reason_of_available_and_progressing():
     body, observed, _ = _serving(kubelet.image_pull_back_off("vllm", VLLM_IMAGE))
     plan = plan_serving(body, observed)
-    available, progressing = _condition(plan.status, "Available"), _condition(plan.status, "Progressing")
+    available, progressing = (
+        fakes.condition(plan.status, "Available"),
+        fakes.condition(plan.status, "Progressing"),
+    )
     waiting = observed.pods[0]["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
     problem = f"pod chat-7d9c5b8f4-abcde, container vllm: {waiting}"
     assert (available["status"], available["reason"]) == ("False", "ImagePullBackOff")
@@ -299,16 +298,16 @@ def test_serving_progress_deadline_and_refusals_stop_progressing():
          "message": 'ReplicaSet "chat-7d9c5b8f4" has timed out progressing.'},
     ]  # fmt: skip
     plan = plan_serving(body, observed)
-    progressing = _condition(plan.status, "Progressing")
+    progressing = fakes.condition(plan.status, "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")
-    assert _condition(plan.status, "Available")["reason"] == "Unschedulable", "the pod says more"
+    assert fakes.condition(plan.status, "Available")["reason"] == "Unschedulable", "the pod says more"
     assert {r for r, _ in _warnings(plan)} == {"ProgressDeadlineExceeded", "Unschedulable"}
 
     body, observed, _ = _serving()
     observed.deployment = None
     observed.refused = [Refusal("Deployment", "chat", "server", 'Deployment.apps "chat" is invalid: ...')]
     plan = plan_serving(body, observed)
-    progressing = _condition(plan.status, "Progressing")
+    progressing = fakes.condition(plan.status, "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("False", "ApplyFailed")
     assert progressing["message"].startswith("the API server refused Deployment chat: ")
     assert _warnings(plan) == [("ApplyFailed", progressing["message"])]

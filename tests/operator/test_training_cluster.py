@@ -10,8 +10,8 @@ import json
 import time
 
 from eagle3_api.workspace import export_version
+from tests.operator import fakes
 from tests.operator.harness import (
-    EXPORT_DIGEST,
     STAGE_JOBS,
     all_events,
     apiserver_writes,
@@ -97,7 +97,7 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
     uid = body["metadata"]["uid"]
     assert status["workspacePath"] == f"runs/{uid}"
     assert status["export"]["uri"] == f"pvc://llama-workspace/runs/{uid}/export/" + export_version(
-        EXPORT_DIGEST
+        fakes.EXPORT_DIGEST
     )
     assert condition(body, "Ready")["status"] == "True"
     assert all(condition(body, c)["status"] == "True" for c in ("Generated", "HiddenStatesExtracted", "Trained",

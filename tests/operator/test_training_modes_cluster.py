@@ -3,7 +3,7 @@ against the real API server, Job controller, EndpointSlice controller and schedu
 the operator's own Jobs, Deployments and Services replayed on the real node where their pods can run
 cheaply.
 
-Stage pods on kwok end with the harness's stage results (tests/operator/harness.py, result_for).
+Stage pods on kwok end with the harness's stage results (tests/operator/fakes.py, stage_report).
 Kueue is not installed: the real Job controller honours `suspend`, and the test unsuspends the
 operator's Jobs itself, as Kueue does when it admits them. On the real node the objects keep the
 operator's pod spec (env, probes, volumes, security context, hostname and subdomain) and Service
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_api.workspace import export_version
+from tests.operator import fakes
 from tests.operator.harness import (
-    EXPORT_DIGEST,
     bind_volume,
     complete_stage,
     condition,
@@ -49,14 +49,6 @@ def _deployment(cluster: LocalCluster, ns: str, name: str) -> dict[str, Any] | N
 def _replicas(cluster: LocalCluster, ns: str, name: str) -> int | None:
     found = _deployment(cluster, ns, name)
     return None if found is None else found["spec"].get("replicas", 1)
-
-
-def _command(job: dict[str, Any]) -> list[str]:
-    return job["spec"]["template"]["spec"]["containers"][0]["command"]
-
-
-def _flag(command: list[str], flag: str) -> str:
-    return command[command.index(flag) + 1]
 
 
 def _long_flag(command: list[str], flag: str) -> str:
@@ -105,7 +97,7 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
         "--mode",
         "streaming",
     ]
-    assert _flag(container["command"], "--layer-ids") == "2,8,13"
+    assert fakes.flag(container["command"], "--layer-ids") == "2,8,13"
     # The real EndpointSlice controller lists the server pod under both of the Service's ports.
     slices = wait_until(
         lambda: [s for s in _endpoint_slices(cluster, ns, "llama-stream") if s.get("endpoints")],
@@ -115,7 +107,7 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
     assert sorted((p["name"], p["port"]) for p in slices[0]["ports"]) == [("http", 8000), ("stream", 5600)]
 
     train = wait_until(lambda: jobs_of(cluster, ns, "llama").get("llama-train"), timeout=30, what="train Job")
-    assert _flag(_command(train), "--server") == "http://llama-stream:8000"
+    assert fakes.flag(fakes.command(train), "--server") == "http://llama-stream:8000"
     assert "llama-extract" not in jobs_of(cluster, ns, "llama"), "streaming has no extract stage"
     service = cluster.request("GET", f"/api/v1/namespaces/{ns}/services/llama-stream")
     _check_trainer_reaches_the_stream_server_on_the_real_node(
@@ -197,7 +189,7 @@ def _run_online_multi_node_training(cluster: LocalCluster, ns: str) -> dict[str,
         done = wait_stage_succeeded(cluster, ns, "llama", stage)
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert [s["name"] for s in done["status"]["stages"]] == [s for s, _ in ONLINE_STAGE_JOBS]
-    assert done["status"]["export"]["uri"] == f"pvc://drafts/llama/{export_version(EXPORT_DIGEST)}"
+    assert done["status"]["export"]["uri"] == f"pvc://drafts/llama/{export_version(fakes.QUANTIZE_DIGEST)}"
     assert done["status"]["export"]["quantization"] == "fp8"
     assert condition(done, "Quantized")["status"] == "True"
     return jobs_of(cluster, ns, "llama")
@@ -250,14 +242,16 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
     assert (train["spec"]["completionMode"], train["spec"]["completions"], train["spec"]["parallelism"]) == (
         "Indexed", 2, 2,
     )  # fmt: skip
-    command = _command(train)
+    command = fakes.command(train)
     assert command[:4] == ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--node-rank=$(NODE_RANK)"]
     assert _long_flag(command, "--master-addr") == "llama-train-0.llama-trainer"
-    assert _flag(command, "--hidden-states") == "online" and _flag(command, "--layer-ids") == "1,5,9"
-    assert _flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
+    assert (
+        fakes.flag(command, "--hidden-states") == "online" and fakes.flag(command, "--layer-ids") == "1,5,9"
+    )
+    assert fakes.flag(command, "--init-checkpoint") == "/models/init/eagle3-head"
     quantize = jobs["llama-quantize"]
     uid = quantize["metadata"]["ownerReferences"][0]["uid"]
-    assert _command(quantize)[:8] == ["eagle3", "quantize", "--input", f"/workspace/runs/{uid}/export/latest",
+    assert fakes.command(quantize)[:8] == ["eagle3", "quantize", "--input", f"/workspace/runs/{uid}/export/latest",
                                       "--output", "/export/llama", "--scheme", "fp8"]  # fmt: skip
 
     # The same Jobs' pods on the real node.
@@ -374,9 +368,9 @@ def _check_trainers_meet_on_the_real_node(
     _fresh_claim(cluster, ns, "llama-workspace")
     headless = _real_node_service(service, ("clusterIP", "publishNotReadyAddresses", "selector", "ports"))
     cluster.request("POST", f"/api/v1/namespaces/{ns}/services", headless)
-    command = _command(train)
+    command = fakes.command(train)
     launcher = command[: command.index("--no-python") + 1]
-    worker = ["python3", "-c", WORKER_SCRIPT, _flag(command, "--init-checkpoint")]
+    worker = ["python3", "-c", WORKER_SCRIPT, fakes.flag(command, "--init-checkpoint")]
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, launcher + worker))
 
     logs = _finished_job_logs(cluster, ns, "llama-train", pods=2)
@@ -410,7 +404,7 @@ def _check_quantize_writes_the_export_claim_on_the_real_node(
 ) -> None:
     """The quantize Job's pod, non-root, writes its output into a fresh (root-owned) export claim."""
     _fresh_claim(cluster, ns, "drafts")
-    output = _flag(_command(quantize), "--output")
+    output = fakes.flag(fakes.command(quantize), "--output")
     job = _real_node_job(quantize, ["python3", "-c", EXPORT_SCRIPT, output])
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", job)
     (log,) = _finished_job_logs(cluster, ns, "llama-quantize", pods=1).values()
@@ -473,8 +467,8 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
     cluster.request(
         "POST", f"/api/v1/namespaces/{ns}/services", _real_node_service(service, ("selector", "ports"))
     )
-    server_command = stream["spec"]["template"]["spec"]["containers"][0]["command"]
-    port, stream_port = _flag(server_command, "--port"), _flag(server_command, "--stream-port")
+    server_command = fakes.command(stream)
+    port, stream_port = fakes.flag(server_command, "--port"), fakes.flag(server_command, "--stream-port")
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -484,7 +478,7 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
                                                       ["python3", "-c", STREAM_SERVER_SCRIPT, port, stream_port])},
     }  # fmt: skip
     cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
-    server = _flag(_command(train), "--server")
+    server = fakes.flag(fakes.command(train), "--server")
     client = ["python3", "-c", STREAM_CLIENT_SCRIPT, server, str(_port(service, "stream"))]
     cluster.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", _real_node_job(train, client))
     (log,) = _finished_job_logs(cluster, ns, "llama-train", pods=1).values()

@@ -10,9 +10,6 @@ from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 
 from tests.operator import fakes
 
-# export and quantize report the published draft's digest: two, to tell which one the status took
-DIGESTS = {"export": {"digest": "sha256:" + "ab" * 32}, "quantize": {"digest": "sha256:" + "cd" * 32}}
-
 
 class Cluster:
     """Plays API server + Job controller for the planner: stores what it creates, ends Jobs on request."""
@@ -43,7 +40,7 @@ class Cluster:
         stage = job["metadata"]["labels"]["eagle3.ai/stage"]
         name = job["metadata"]["name"]
         if message is None:
-            message = fakes.result(stage, ok, **(fakes.stage_metrics(stage, name) or DIGESTS.get(stage, {})))
+            message = fakes.stage_report(stage, name, ok=ok)
         self.observed.jobs[name] = fakes.finished_job(job, ok=ok)
         phase = "Succeeded" if ok else "Failed"
         self.observed.pods.append(fakes.job_pod(job, phase=phase, message=message, **pod))
@@ -57,10 +54,6 @@ class Cluster:
                 self.finish(job)
             plan = self.reconcile()
         raise AssertionError(f"pipeline did not end: {plan.status}")
-
-
-def _condition(status: dict, type_: str) -> dict:
-    return next(c for c in status["conditions"] if c["type"] == type_)
 
 
 def _container(job: dict) -> dict:
@@ -79,8 +72,8 @@ def test_first_reconcile_makes_workspace_and_target_and_waits_for_it():
     pvc = next(o for o in plan.create if o["kind"] == "PersistentVolumeClaim")
     assert "ownerReferences" not in pvc["metadata"], "the workspace must outlive the DraftTraining by default"
     assert plan.status["phase"] == "Pending"
-    assert _condition(plan.status, "TargetReady")["reason"] == "Starting"
-    assert _condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
+    assert fakes.condition(plan.status, "TargetReady")["reason"] == "Starting"
+    assert fakes.condition(plan.status, "Generated")["reason"] == "WaitingForTarget"
 
 
 def test_target_deployment_follows_the_rocm_recipe():
@@ -153,14 +146,7 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
     plan = cluster.run_to_end()
     status = plan.status
     assert status["phase"] == "Succeeded"
-    assert [s["name"] for s in status["stages"]] == [
-        "generate",
-        "extract",
-        "train",
-        "evaluate",
-        "select",
-        "export",
-    ]
+    assert [s["name"] for s in status["stages"]] == fakes.OFFLINE_STAGES
     assert all(s["state"] == "Succeeded" for s in status["stages"])
     assert cluster.created == ["llama-generate", "llama-extract", "llama-train", "llama-eval-50", "llama-eval-100",
                                "llama-select", "llama-export"]  # fmt: skip
@@ -184,10 +170,10 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
             {"contextLength": 4096},
         ],
     }
-    assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-abababababababab"
-    assert status["export"]["digest"] == "sha256:" + "ab" * 32
-    assert _condition(status, "Ready")["status"] == "True"
-    assert _condition(status, "TargetReady")["reason"] == "ScaledDown"
+    assert status["export"]["uri"] == "pvc://llama-workspace/runs/uid-1/export/sha256-0123456789abcdef"
+    assert status["export"]["digest"] == fakes.EXPORT_DIGEST
+    assert fakes.condition(status, "Ready")["status"] == "True"
+    assert fakes.condition(status, "TargetReady")["reason"] == "ScaledDown"
     assert cluster.observed.deployments["llama-target"]["spec"]["replicas"] == 0
     train = next(s for s in status["stages"] if s["name"] == "train")
     assert train["metrics"]["loss"] == 1.25
@@ -239,7 +225,7 @@ def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extra
     assert container["resources"]["limits"] == {"amd.com/gpu": "1"}
     service = next(o for o in plan.sync if o["kind"] == "Service" and o["metadata"]["name"] == "llama-stream")
     assert [p["port"] for p in service["spec"]["ports"]] == [8000, 5600]
-    assert _condition(plan.status, "Trained")["reason"] == "WaitingForStreamServer"
+    assert fakes.condition(plan.status, "Trained")["reason"] == "WaitingForStreamServer"
     plan = cluster.reconcile()  # the server is ready: the trainer starts and reads from it
     train = next(o for o in plan.create if o["kind"] == "Job")
     command = _container(train)["command"]
@@ -295,7 +281,7 @@ def test_failed_stage_reports_the_pod_reason_and_message_then_retries_after_a_sp
     message = fakes.result("generate", ok=False, message="source /sources/prompts/chat.jsonl: no such file")
     cluster.finish(job, ok=False, message=message, reason="Error", exit_code=2)
     plan = cluster.reconcile()
-    failed = _condition(plan.status, "Failed")
+    failed = fakes.condition(plan.status, "Failed")
     assert plan.status["phase"] == "Failed"
     assert failed["status"] == "True" and failed["reason"] == "Error"
     assert "no such file" in failed["message"] and "exited with code 2" in failed["message"]
@@ -311,7 +297,7 @@ def test_failed_stage_reports_the_pod_reason_and_message_then_retries_after_a_sp
     plan = cluster.reconcile()
     assert plan.delete == [{"apiVersion": "batch/v1", "kind": "Job", "name": "llama-generate"}]
     assert "Retrying" in [e.reason for e in plan.events]
-    assert _condition(plan.status, "Failed")["status"] == "False"
+    assert fakes.condition(plan.status, "Failed")["status"] == "False"
     assert next(o for o in plan.sync if o["kind"] == "Deployment")["spec"]["replicas"] == 1, "target back up"
     plan = cluster.reconcile()
     assert [o["metadata"]["name"] for o in plan.create if o["kind"] == "Job"] == ["llama-generate-r1"]
@@ -325,8 +311,8 @@ def test_failure_without_a_stage_result_uses_the_log_tail():
     cluster.finish(cluster.observed.jobs["llama-generate"], ok=False, message="Traceback ...\nOSError: disk full",
                    reason="OOMKilled", exit_code=137)  # fmt: skip
     status = cluster.reconcile().status
-    assert _condition(status, "Failed")["reason"] == "OOMKilled"
-    assert "disk full" in _condition(status, "Failed")["message"]
+    assert fakes.condition(status, "Failed")["reason"] == "OOMKilled"
+    assert "disk full" in fakes.condition(status, "Failed")["message"]
 
 
 def test_missing_result_is_waited_for_then_fails():
@@ -340,14 +326,14 @@ def test_missing_result_is_waited_for_then_fails():
     cluster.observed.now = fakes.NOW.replace(minute=5)
     plan = cluster.reconcile()
     assert plan.status["phase"] == "Failed"
-    assert _condition(plan.status, "Failed")["reason"] == "StageResultMissing"
+    assert fakes.condition(plan.status, "Failed")["reason"] == "StageResultMissing"
 
 
 def test_minimum_acceptance_gate_fails_the_selection():
     cluster = Cluster(fakes.draft_training(evaluation={"minAcceptanceLength": 3.0}))
     plan = cluster.run_to_end()
     assert plan.status["phase"] == "Failed"
-    assert _condition(plan.status, "Failed")["reason"] == "AcceptanceBelowMinimum"
+    assert fakes.condition(plan.status, "Failed")["reason"] == "AcceptanceBelowMinimum"
     assert "export" not in plan.status
 
 
@@ -404,38 +390,34 @@ def _train_command(**spec) -> tuple[list[str], dict]:
     return _container(train)["command"], train["spec"]["template"]["spec"]
 
 
-def _flag(command: list[str], flag: str) -> str | None:
-    return command[command.index(flag) + 1] if flag in command else None
-
-
 def test_training_length_is_steps_or_epochs_and_defaults_to_2000_steps():
     command, _ = _train_command(training={})
-    assert (_flag(command, "--steps"), _flag(command, "--epochs")) == ("2000", None)
+    assert (fakes.flag(command, "--steps"), fakes.flag(command, "--epochs")) == ("2000", None)
     command, _ = _train_command(training={"steps": 300, "checkpointEvery": 100})
-    assert (_flag(command, "--steps"), _flag(command, "--epochs")) == ("300", None)
+    assert (fakes.flag(command, "--steps"), fakes.flag(command, "--epochs")) == ("300", None)
     command, _ = _train_command(training={"epochs": 3})
-    assert (_flag(command, "--steps"), _flag(command, "--epochs")) == (None, "3")
+    assert (fakes.flag(command, "--steps"), fakes.flag(command, "--epochs")) == (None, "3")
 
 
 def test_draft_layers_and_scratch_start_by_default():
     command, _ = _train_command()
-    assert _flag(command, "--draft-layers") == "1" and "--init-checkpoint" not in command
+    assert fakes.flag(command, "--draft-layers") == "1" and "--init-checkpoint" not in command
     command, _ = _train_command(draft={"layers": 3})
-    assert _flag(command, "--draft-layers") == "3"
+    assert fakes.flag(command, "--draft-layers") == "3"
 
 
 def test_warm_start_from_a_pvc_mounts_it_read_only_and_passes_the_mounted_path():
     command, pod = _train_command(
         draft={"initialization": {"from": "checkpoint", "path": "pvc://drafts/published/eagle3-head"}}
     )
-    assert _flag(command, "--init-checkpoint") == "/models/init/published/eagle3-head"
+    assert fakes.flag(command, "--init-checkpoint") == "/models/init/published/eagle3-head"
     volume = next(
         v for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == "drafts"
     )
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
     assert mount["mountPath"] == "/models/init" and mount["readOnly"] is True
     command, _ = _train_command(draft={"initialization": {"from": "checkpoint", "path": "org/eagle3-head"}})
-    assert _flag(command, "--init-checkpoint") == "org/eagle3-head"  # a Hugging Face id, as is
+    assert fakes.flag(command, "--init-checkpoint") == "org/eagle3-head"  # a Hugging Face id, as is
 
 
 def test_epochs_progress_shows_the_step_of_the_derived_total():

@@ -12,8 +12,8 @@ from tests.operator.harness import draft_training_path, spec_decode_path
 from tests.support.cluster import ApiError, LocalCluster
 
 
-def _dt(**changes: Any) -> dict[str, Any]:
-    body = fakes.draft_training()
+def _invalid(body: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`body` named "invalid", with each dotted path in `changes` set (or dropped, with _DROP)."""
     body["metadata"] = {"name": "invalid"}
     for path, value in changes.items():
         node = body
@@ -27,16 +27,12 @@ def _dt(**changes: Any) -> dict[str, Any]:
     return body
 
 
+def _dt(**changes: Any) -> dict[str, Any]:
+    return _invalid(fakes.draft_training(), changes)
+
+
 def _sdd(**changes: Any) -> dict[str, Any]:
-    body = fakes.spec_decode()
-    body["metadata"] = {"name": "invalid"}
-    for path, value in changes.items():
-        node = body
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return body
+    return _invalid(fakes.spec_decode(), changes)
 
 
 _DROP = object()

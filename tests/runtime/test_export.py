@@ -96,36 +96,19 @@ def test_speculators_export_is_read_by_vllm(tmp_path):
 def test_export_checkpoint_choice_and_errors(tmp_path):
     workspace = _workspace_with_checkpoint(tmp_path)
     result = tmp_path / "result.json"
-    assert (
-        eagle3(
-            [
-                "export",
-                "--workspace",
-                str(workspace.root),
-                "--checkpoint",
-                "best",
-                "--result-file",
-                str(result),
-            ]
-        )
-        == 1
-    )
+    export_best = [
+        "export",
+        "--workspace",
+        str(workspace.root),
+        "--checkpoint",
+        "best",
+        "--result-file",
+        str(result),
+    ]
+    assert eagle3(export_best) == 1
     assert "eagle3 select" in json.loads(result.read_text())["message"]
     workspace.selection_file.write_text(json.dumps({"step": 4, "acceptance_length": 2.7}))
-    assert (
-        eagle3(
-            [
-                "export",
-                "--workspace",
-                str(workspace.root),
-                "--checkpoint",
-                "best",
-                "--result-file",
-                str(result),
-            ]
-        )
-        == 0
-    )
+    assert eagle3(export_best) == 0
     published = json.loads(result.read_text())
     digest = published["metrics"]["digest"]
     version = workspace.export_dir / export_version(digest)

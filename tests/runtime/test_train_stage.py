@@ -4,28 +4,19 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from eagle3_api.workspace import Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import HiddenStateSample, write_samples
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead
+from tests.runtime.test_model import tiny_target_config
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_hidden_layers=4,
-        vocab_size=64,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
+    config = tiny_target_config(vocab_size=64, tie_word_embeddings=False)
     path = tmp_path_factory.mktemp("target")
     LlamaForCausalLM(config).save_pretrained(path)
     return path

@@ -20,6 +20,7 @@ from eagle3_runtime.train.distributed import init_distributed
 from eagle3_runtime.train.synthetic import synthetic_samples, synthetic_target
 from eagle3_runtime.train.trainer import METRICS_FILE, DraftTrainer, TrainSettings
 from eagle3_runtime.vllm_server import free_port
+from tests.runtime.test_model import tiny_target_config
 
 VOCAB, HIDDEN = 64, 32
 
@@ -38,15 +39,8 @@ def make_trainer(
     **kw,
 ):
     target = synthetic_target(VOCAB, HIDDEN)
-    config = LlamaConfig(
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=head_dim,
-        num_hidden_layers=4,
-        vocab_size=VOCAB,
-        max_position_embeddings=512,
+    config = tiny_target_config(
+        hidden_size=HIDDEN, head_dim=head_dim, vocab_size=VOCAB, max_position_embeddings=512
     )
     draft_config = draft_config_from_target(config, layer_ids="auto", draft_vocab_size=draft_vocab)
 
