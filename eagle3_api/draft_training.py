@@ -234,6 +234,12 @@ class TrainingSpec(ApiModel):
     )
     nodes: Annotated[int, Field(ge=1, le=128)] = Field(1, description="Trainer pods (torchrun nodes).")
     gpus_per_node: Annotated[int, Field(ge=1, le=16)] = Field(1, description="GPUs per trainer pod.")
+    group_restarts: Annotated[int, Field(ge=0, le=100)] = Field(
+        3,
+        description="With nodes > 1: how often the whole trainer group starts again, every rank resuming "
+        "from the last checkpoint, after one rank failed (a torchrun group cannot take a recreated rank "
+        "back, so the Job stops the others at once); then the training fails. 0: fail at the first.",
+    )
     checkpoint_every: Annotated[int, Field(ge=1)] = Field(
         500, description="Save a checkpoint every N steps (and always at the end)."
     )
@@ -433,9 +439,14 @@ class StageStatus(ApiModel):
     name: TrainingStageName = Field(description="Stage name.")
     state: Literal["Pending", "Running", "Succeeded", "Failed"] = Field(description="Stage state.")
     attempt: int = Field(
-        0, description="Retry round; bumped when a failed training is retried by a spec edit."
+        0,
+        description="Retry round (it names the stage's Jobs); bumped when a failed training is retried by a "
+        "spec edit, and when the trainer group restarts.",
     )
     jobs: list[str] = Field(default_factory=list, description="Jobs of this stage.")
+    group_restarts: int = Field(
+        0, description="Times the trainer group started again after a rank failed (training.groupRestarts)."
+    )
     start_time: str | None = Field(
         None, description="When the stage started.", json_schema_extra={"format": "date-time"}
     )

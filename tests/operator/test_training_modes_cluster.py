@@ -484,3 +484,45 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
     (log,) = _finished_job_logs(cluster, ns, "llama-train", pods=1).values()
     (server_pod,) = items(cluster, f"/api/v1/namespaces/{ns}/pods", "app.kubernetes.io/component=stream")
     assert log.splitlines() == ["health 200", f"states from {server_pod['metadata']['name']}"], log
+
+
+def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, start_operator):
+    """One trainer rank fails: the real Job controller fails the Indexed Job at once (backoffLimit 0)
+    and stops the other rank, which would otherwise wait for its lost peer until the collective
+    timeout; the operator starts the whole group again in a new Job (every rank resumes from the last
+    checkpoint on the shared workspace), which completes the training."""
+    cluster, ns = crds, manual_namespace
+    prepare_training_volumes(cluster, ns)
+    start_operator(ns)
+    body = training_body(
+        ns,
+        hiddenStates={"mode": "online", "layerIds": [1, 5, 9]},
+        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 1, "groupRestarts": 1},
+        storage={"accessModes": ["ReadWriteMany"]},
+    )
+    cluster.request("POST", draft_training_path(ns), body)
+    complete_stage(cluster, ns, "generate", ["llama-generate"])
+    pods = wait_until(
+        lambda: len(found := wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]) == 2 and found,
+        timeout=30,
+        what="both trainer pods running",
+    )
+    by_index = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
+    cluster.fail_pod(ns, by_index["1"]["metadata"]["name"], message="NCCL error: remote process exited")
+
+    wait_until(
+        lambda: "llama-train-r1" in jobs_of(cluster, ns, "llama"), timeout=60, what="the group's new Job"
+    )
+    wait_until(
+        lambda: (
+            not items(cluster, f"/api/v1/namespaces/{ns}/pods", "batch.kubernetes.io/job-name=llama-train")
+        ),
+        timeout=120,
+        what="the failed group's pods gone, rank 0's too",
+    )
+    complete_stage(cluster, ns, "train", ["llama-train-r1"])
+    done = wait_stage_succeeded(cluster, ns, "llama", "train")
+    record = stage_record(done, "train")
+    assert (record["groupRestarts"], record["attempt"], record["jobs"]) == (1, 1, ["llama-train-r1"])
+    (event,) = [e for e in events_of(cluster, ns, "llama") if e["reason"] == "TrainerGroupRestarted"]
+    assert event["type"] == "Warning" and "NCCL error: remote process exited" in event["message"]

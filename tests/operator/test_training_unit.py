@@ -273,6 +273,60 @@ def test_multi_node_training_uses_an_indexed_job_with_torchrun_and_a_headless_se
     assert _container(train)["resources"]["limits"]["amd.com/gpu"] == "8"
 
 
+def test_a_failed_rank_restarts_the_whole_trainer_group_until_group_restarts_run_out():
+    """A torchrun group cannot take back a recreated rank: one failed rank fails the Job (backoffLimit 0),
+    and the operator starts the whole group again in a new Job, every rank resuming from the last
+    checkpoint, groupRestarts times; then the training fails and says how often it restarted."""
+    body = fakes.draft_training(
+        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 8, "groupRestarts": 2},
+        hiddenStates={"mode": "online"},
+        storage={"accessModes": ["ReadWriteMany"]},
+    )
+    cluster = Cluster(body)
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-generate"])
+    cluster.reconcile()
+    names = ["llama-train", "llama-train-r1", "llama-train-r2"]
+    for restart, name in enumerate(names):
+        job = cluster.observed.jobs[name]
+        assert job["spec"]["backoffLimit"] == 0 and job["spec"]["completions"] == 2
+        cluster.finish(job, ok=False, message="NCCL error: remote process exited", reason="Error", exit_code=1,
+                       index=1)  # fmt: skip
+        plan = cluster.reconcile()
+        train = next(s for s in plan.status["stages"] if s["name"] == "train")
+        if restart < 2:
+            assert plan.status["phase"] == "Running" and train["groupRestarts"] == restart + 1
+            assert {"apiVersion": "batch/v1", "kind": "Job", "name": name} in plan.delete
+            (event,) = [e for e in plan.events if e.reason == "TrainerGroupRestarted"]
+            assert event.type == "Warning" and f"restart {restart + 1} of 2" in event.message
+            assert "NCCL error: remote process exited" in event.message
+            plan = cluster.reconcile()  # the requeue: the next group's Job
+            assert [o["metadata"]["name"] for o in plan.create if o["kind"] == "Job"] == [names[restart + 1]]
+    failed = fakes.condition(plan.status, "Failed")
+    assert plan.status["phase"] == "Failed" and failed["status"] == "True"
+    assert (
+        "NCCL error" in failed["message"] and "(after 2 restarts of the trainer group)" in failed["message"]
+    )
+
+
+def test_a_single_node_trainer_and_other_stages_are_not_restarted_as_a_group():
+    cluster = Cluster(fakes.draft_training(training={"steps": 100, "checkpointEvery": 50, "gpusPerNode": 8}))
+    cluster.reconcile()
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-generate"])
+    cluster.reconcile()
+    cluster.finish(cluster.observed.jobs["llama-extract"])
+    cluster.reconcile()
+    train = cluster.observed.jobs["llama-train"]
+    assert train["spec"]["backoffLimit"] == 2  # the pod retries of spec.runtime.backoffLimit
+    cluster.finish(train, ok=False, message="CUDA out of memory", reason="Error", exit_code=1)
+    plan = cluster.reconcile()
+    assert plan.status["phase"] == "Failed" and not [
+        e for e in plan.events if e.reason == "TrainerGroupRestarted"
+    ]
+
+
 def test_failed_stage_reports_the_pod_reason_and_message_then_retries_after_a_spec_edit():
     cluster = Cluster(fakes.draft_training())
     cluster.reconcile()

@@ -111,7 +111,8 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     assert (tmp_path / "resumed/checkpoints/step-00000006/config.json").exists()
 
 
-def _run_world(world_size: int, out: Path) -> dict[int, float]:
+def _start_world(world_size: int, out: Path, *args: str) -> list[subprocess.Popen]:
+    """One process per rank, as torchrun starts them (this file's __main__)."""
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
@@ -119,13 +120,16 @@ def _run_world(world_size: int, out: Path) -> dict[int, float]:
         "WORLD_SIZE": str(world_size),
         "OMP_NUM_THREADS": "1",
     }
-    procs = [
+    return [
         subprocess.Popen(
-            [sys.executable, __file__, str(out)], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}
+            [sys.executable, __file__, str(out), *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}
         )
         for r in range(world_size)
     ]
-    for p in procs:
+
+
+def _run_world(world_size: int, out: Path) -> dict[int, float]:
+    for p in _start_world(world_size, out):
         assert p.wait(timeout=300) == 0
     return losses(out)
 
@@ -137,6 +141,26 @@ def test_two_gloo_processes_match_one(tmp_path):
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-4), step
     assert two[8] < two[1]
+
+
+def test_a_group_restarted_after_a_rank_died_resumes_as_if_never_stopped(tmp_path):
+    """What the operator does when one rank of a multi-node training fails (training.groupRestarts):
+    rank 1 dies after the step-4 checkpoint, the group is stopped (rank 0 is killed, as the Job
+    controller stops it) and started again as a whole; every rank resumes from step 4, and the
+    losses are those of a group that was never stopped."""
+    straight = _run_world(2, tmp_path / "straight")
+    first = _start_world(2, tmp_path / "restarted", "--rank-1-dies-at", "6")
+    assert first[1].wait(timeout=300) == RANK_DIED
+    try:
+        first[0].wait(timeout=10)  # gloo may notice the lost peer; a hung collective is stopped below
+    except subprocess.TimeoutExpired:
+        first[0].kill()
+        first[0].wait()
+    assert not (tmp_path / "restarted/checkpoints/step-00000008").exists()
+    restarted = _run_world(2, tmp_path / "restarted")
+    assert sorted(restarted) == sorted(straight) == list(range(1, 9))
+    for step in straight:
+        assert restarted[step] == pytest.approx(straight[step], rel=1e-6, abs=1e-7), step
 
 
 def test_shards_that_carry_the_target_top1_train_as_the_full_head_does(tmp_path):
@@ -179,9 +203,23 @@ def test_errors_are_clear(tmp_path):
         make_trainer(None, draft_vocab=VOCAB + 1)
 
 
-if __name__ == "__main__":  # one rank of the gloo test, started under torchrun's env variables
+RANK_DIED = 17
+
+if __name__ == "__main__":  # one rank of the gloo tests, started under torchrun's env variables
     torch.set_num_threads(1)
-    make_trainer(sys.argv[1], steps=8).train()
+    trainer = make_trainer(sys.argv[1], steps=8, checkpoint_every=4)
+    if "--rank-1-dies-at" in sys.argv:
+        dies_at = int(sys.argv[sys.argv.index("--rank-1-dies-at") + 1])
+        while trainer.step < dies_at - 1:  # the step-4 checkpoint is written on the way
+            trainer.last_summary = trainer.train_step()
+            trainer._log_metrics(trainer.last_summary)
+            if trainer.step % trainer.settings.checkpoint_every == 0:
+                trainer.save_checkpoint()
+        if trainer.context.rank == 1:
+            os._exit(RANK_DIED)  # the rank's pod is gone, mid-training
+        trainer.train_step()  # rank 0 waits for its lost peer
+    else:
+        trainer.train()
     torch.distributed.destroy_process_group()
 
 

@@ -181,6 +181,7 @@ class TrainingPlanner:
             for job in record.get("jobs") or []:
                 self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
             record |= {"state": "Pending", "attempt": record.get("attempt", 0) + 1, "jobs": [], "message": ""}
+            record.pop("groupRestarts", None)  # a retry has the whole budget again
             record.pop("startTime", None)
             record.pop("completionTime", None)
             self._event("Normal", "Retrying", f"spec changed after failure: retrying stage {stage}")
@@ -289,6 +290,10 @@ class TrainingPlanner:
             message = failed[0].message
             if failed[0].reason == DEADLINE_EXCEEDED and (stuck := self._stuck_before(stage)):
                 message += f"; it was stuck: {stuck}"
+            if self._restart_trainer_group(stage, failed[0].reason, message):
+                return False
+            if restarts := self.records[stage].get("groupRestarts"):
+                message += f" (after {restarts} restarts of the trainer group)"
             self._fail(stage, failed[0].reason, message)
             return False
         if any(o.state == "Running" for o in outcomes):
@@ -315,6 +320,34 @@ class TrainingPlanner:
         except (KeyError, TypeError, ValueError) as exc:
             self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
         return self.records[stage]["state"] == "Succeeded"
+
+    def _restart_trainer_group(self, stage: str, reason: str, message: str) -> bool:
+        """A multi-node trainer Job failed (one rank, which stopped the others): start the whole group
+        again in a new Job, every rank resuming from the last checkpoint, while training.groupRestarts
+        allows. A missed deadline is not restarted."""
+        record, training = self.records[stage], self.dt.spec.training
+        done = record.get("groupRestarts", 0)
+        if (
+            stage != "train"
+            or training.nodes == 1
+            or reason == DEADLINE_EXCEEDED
+            or done >= training.group_restarts
+        ):
+            return False
+        for job in record["jobs"]:
+            self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
+        record |= {
+            "state": "Pending", "attempt": record.get("attempt", 0) + 1, "groupRestarts": done + 1, "jobs": [],
+            "message": f"restarting the trainer group after: {message}",
+        }  # fmt: skip
+        self._event(
+            "Warning",
+            "TrainerGroupRestarted",
+            f"restart {done + 1} of {training.group_restarts}: every rank resumes from the last checkpoint "
+            f"after {reason}: {message}",
+        )
+        self._requeue(1)
+        return True
 
     def _look_for_stuck_pods(self, stage: str, jobs: list[str]) -> None:
         """Why a running stage's Jobs make no progress: a pod the scheduler or the kubelet holds

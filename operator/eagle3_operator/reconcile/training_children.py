@@ -304,6 +304,10 @@ def stage_job(
     }
     if nodes > 1:
         job_spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
+        # A recreated rank cannot rejoin a running torchrun group, and its peers would wait for it
+        # until the collective timeout: one failed rank fails the Job, which stops the others, and
+        # the operator starts the whole group again (training.groupRestarts).
+        job_spec["backoffLimit"] = 0
     if spec.runtime.stage_deadline_seconds:
         job_spec["activeDeadlineSeconds"] = spec.runtime.stage_deadline_seconds
     if spec.scheduling.queue_name:
