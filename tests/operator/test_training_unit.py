@@ -248,9 +248,10 @@ def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extra
     assert command[command.index("--hidden-states") + 1] == "online"
 
 
-def test_multi_node_training_uses_an_indexed_job_with_torchrun_and_a_headless_service():
+def _two_node_training_after_generation(**training) -> tuple[Cluster, Plan]:
+    """An online training on two nodes of 8 GPUs, generation done: the plan that starts the trainers."""
     body = fakes.draft_training(
-        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 8},
+        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 8, **training},
         hiddenStates={"mode": "online"},
         storage={"accessModes": ["ReadWriteMany"]},
     )
@@ -258,7 +259,11 @@ def test_multi_node_training_uses_an_indexed_job_with_torchrun_and_a_headless_se
     cluster.reconcile()
     cluster.reconcile()
     cluster.finish(cluster.observed.jobs["llama-generate"])
-    plan = cluster.reconcile()
+    return cluster, cluster.reconcile()
+
+
+def test_multi_node_training_uses_an_indexed_job_with_torchrun_and_a_headless_service():
+    cluster, plan = _two_node_training_after_generation()
     train = next(o for o in plan.create if o["kind"] == "Job")
     assert train["spec"]["completionMode"] == "Indexed" and train["spec"]["completions"] == 2
     command = _container(train)["command"]
@@ -277,16 +282,7 @@ def test_a_failed_rank_restarts_the_whole_trainer_group_until_group_restarts_run
     """A torchrun group cannot take back a recreated rank: one failed rank fails the Job (backoffLimit 0),
     and the operator starts the whole group again in a new Job, every rank resuming from the last
     checkpoint, groupRestarts times; then the training fails and says how often it restarted."""
-    body = fakes.draft_training(
-        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 8, "groupRestarts": 2},
-        hiddenStates={"mode": "online"},
-        storage={"accessModes": ["ReadWriteMany"]},
-    )
-    cluster = Cluster(body)
-    cluster.reconcile()
-    cluster.reconcile()
-    cluster.finish(cluster.observed.jobs["llama-generate"])
-    cluster.reconcile()
+    cluster, _ = _two_node_training_after_generation(groupRestarts=2)
     names = ["llama-train", "llama-train-r1", "llama-train-r2"]
     for restart, name in enumerate(names):
         job = cluster.observed.jobs[name]
