@@ -387,6 +387,12 @@ class DraftTrainingSpec(ApiModel):
                     field_path=".storage.accessModes",
                 ),
                 cel(
+                    "self.training.nodes == 1 || has(self.scheduling.queueName)",
+                    "training.nodes > 1 needs scheduling.queueName, a Kueue LocalQueue: Kueue admits every "
+                    "trainer pod at once, where pods scheduled one by one would hold their GPUs waiting for the rest",
+                    field_path=".scheduling.queueName",
+                ),
+                cel(
                     "!has(self.evaluation.contextLengths) || has(self.target.maxModelLen)",
                     "evaluation.contextLengths needs target.maxModelLen, the context the target is evaluated with",
                     field_path=".evaluation.contextLengths",

@@ -499,9 +499,12 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
         hiddenStates={"mode": "online", "layerIds": [1, 5, 9]},
         training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 1, "groupRestarts": 1},
         storage={"accessModes": ["ReadWriteMany"]},
+        scheduling={"queueName": "gpu-queue"},
     )
     cluster.request("POST", draft_training_path(ns), body)
+    _admit_like_kueue(cluster, ns, "llama-generate")
     complete_stage(cluster, ns, "generate", ["llama-generate"])
+    _admit_like_kueue(cluster, ns, "llama-train")
     pods = wait_until(
         lambda: len(found := wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]) == 2 and found,
         timeout=30,
@@ -511,8 +514,9 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
     cluster.fail_pod(ns, by_index["1"]["metadata"]["name"], message="NCCL error: remote process exited")
 
     wait_until(
-        lambda: "llama-train-r1" in jobs_of(cluster, ns, "llama"), timeout=60, what="the group's new Job"
+        lambda: "llama-train-r1" in jobs_of(cluster, ns, "llama"), timeout=120, what="the group's new Job"
     )
+    _admit_like_kueue(cluster, ns, "llama-train-r1")  # Kueue admits the new group as a whole again
     wait_until(
         lambda: (
             not items(cluster, f"/api/v1/namespaces/{ns}/pods", "batch.kubernetes.io/job-name=llama-train")
