@@ -113,8 +113,11 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
 
 def _start_world(world_size: int, out: Path, *args: str) -> list[subprocess.Popen]:
     """One process per rank, as torchrun starts them (this file's __main__)."""
+    # The repository root, so that this file run as a script imports `tests` as pytest's process does.
+    root = str(Path(__file__).resolve().parents[2])
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(world_size),
