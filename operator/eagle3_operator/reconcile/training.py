@@ -134,6 +134,12 @@ class TrainingPlanner:
         self.failure = (reason, f"stage {stage} failed: {message}")
         self._event("Warning", "StageFailed", f"{stage}: {reason}: {message}")
 
+    def _new_attempt(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A stage's next attempt (new Job names): its current Jobs go, its record starts Pending."""
+        for job in record.get("jobs") or []:
+            self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
+        return {"state": "Pending", "attempt": record.get("attempt", 0) + 1, "jobs": [], "message": ""}
+
     def _start_run(self, status: dict[str, Any]) -> None:
         """Fix this run's workspace directory when the object starts; on a raised spec.restart, start a
         new run: every stage again (new Jobs), in a new directory, with no result of the last run left
@@ -145,12 +151,7 @@ class TrainingPlanner:
             status.setdefault("workspacePath", "" if status.get("stages") else workspace_path(self.dt))
         elif status["restart"] < restart:
             for stage, record in self.records.items():
-                for job in record.get("jobs") or []:
-                    self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
-                self.records[stage] = {
-                    "name": stage, "state": "Pending", "attempt": record.get("attempt", 0) + 1, "jobs": [],
-                    "message": "",
-                }  # fmt: skip
+                self.records[stage] = {"name": stage, **self._new_attempt(record)}
             for stale in (
                 "export",
                 "checkpoints",
@@ -178,9 +179,7 @@ class TrainingPlanner:
         for stage, record in self.records.items():
             if record["state"] != "Failed":
                 continue
-            for job in record.get("jobs") or []:
-                self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
-            record |= {"state": "Pending", "attempt": record.get("attempt", 0) + 1, "jobs": [], "message": ""}
+            record |= self._new_attempt(record)
             record.pop("groupRestarts", None)  # a retry has the whole budget again
             record.pop("startTime", None)
             record.pop("completionTime", None)
@@ -334,12 +333,10 @@ class TrainingPlanner:
             or done >= training.group_restarts
         ):
             return False
-        for job in record["jobs"]:
-            self.plan.delete.append({"apiVersion": "batch/v1", "kind": "Job", "name": job})
-        record |= {
-            "state": "Pending", "attempt": record.get("attempt", 0) + 1, "groupRestarts": done + 1, "jobs": [],
+        record |= self._new_attempt(record) | {
+            "groupRestarts": done + 1,
             "message": f"restarting the trainer group after: {message}",
-        }  # fmt: skip
+        }
         self._event(
             "Warning",
             "TrainerGroupRestarted",
