@@ -41,7 +41,7 @@ class PinnedTarget:
 
     @property
     def name(self) -> str:
-        return f"{self.model}@{self.revision}" if self.revision else self.model
+        return _name(self.model, self.revision)
 
     def manifest_fields(self) -> dict[str, str | None]:
         return {"target": self.model, "target_revision": self.revision}
@@ -51,12 +51,16 @@ class PinnedTarget:
         names no target (older ones) is not checked."""
         if manifest.get("target") is None:
             return
-        recorded = PinnedTarget(manifest["target"], manifest.get("target_revision"), "")
-        if (recorded.model, recorded.revision) != (self.model, self.revision):
+        recorded = (manifest["target"], manifest.get("target_revision"))
+        if recorded != (self.model, self.revision):
             raise ValueError(
-                f"{what} was made from target {recorded.name}, this run's target is {self.name}: use a new "
+                f"{what} was made from target {_name(*recorded)}, this run's target is {self.name}: use a new "
                 "workspace for another target or revision, or remove it to start over"
             )
+
+
+def _name(model: str, revision: str | None) -> str:
+    return f"{model}@{revision}" if revision else model
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
