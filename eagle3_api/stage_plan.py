@@ -205,6 +205,8 @@ def _train_argv(dt: DraftTraining, at: Locations, stream_server: str | None) -> 
         "--ttt-steps", str(training.ttt_steps), "--loss-decay", _num(training.loss_decay),
         "--checkpoint-every", str(training.checkpoint_every), "--seed", str(training.seed),
     ]  # fmt: skip
+    if training.loss_chunk_rows is not None:
+        argv += ["--loss-chunk-rows", str(training.loss_chunk_rows)]
     if spec.draft.initialization.source == "checkpoint":
         argv += ["--init-checkpoint", at.model(spec.draft.initialization.path, "init")]
     return argv

@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seq-len", type=int, default=2048, help="packed row length")
+    parser.add_argument(
+        "--loss-chunk-rows",
+        type=int,
+        default=None,
+        help="target head and loss over this many rows at a time (less peak memory on long rows)",
+    )
     parser.add_argument("--warmup-steps", type=int, default=None)
     parser.add_argument("--attention", choices=["auto", "eager", "flex"], default="auto")
     parser.add_argument(

@@ -50,6 +50,7 @@ class TrainConfig:
     checkpoint_every: int
     seed: int
     seq_len: int
+    loss_chunk_rows: int | None
     warmup_steps: int | None
     attention: str
     compile: str  # auto, on or off
@@ -174,6 +175,7 @@ def run_training(config: TrainConfig) -> TrainingOutcome:
         seed=config.seed,
         warmup_steps=config.warmup_steps,
         attention=config.attention,
+        loss_chunk_rows=config.loss_chunk_rows,
         compile={"auto": None, "on": True, "off": False}[config.compile],
     )
     settings.steps = _total_steps(config, lengths, settings)

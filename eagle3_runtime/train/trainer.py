@@ -54,7 +54,7 @@ class TrainSettings:
     compile: bool | None = None  # torch.compile the whole TTT unroll and loss; None: `compile_by_default`
     freeze_lm_head: bool = False  # speculators' recipe: lm_head stays the target's rows
     # lm_head and the KL over this many rows at a time (model.loss.chunked_head_kl): long rows
-    # need less memory. None: all rows at once (what the GPU measurements in docs/benchmarks.md ran).
+    # need less memory at the same speed (docs/benchmarks.md, 16K rows). None: all rows at once.
     loss_chunk_rows: int | None = None
     init_checkpoint: str | None = None  # warm start from this draft (train/initialization.py)
     epochs: int | None = None  # what `steps` was derived from, when given in epochs (recorded only)

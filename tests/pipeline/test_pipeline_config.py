@@ -30,7 +30,7 @@ MANIFEST = {
         },
         "hiddenStates": {"mode": "streaming", "layerIds": [1, 2, 3]},
         "draft": {"vocabSize": 1024},
-        "training": {"steps": 10, "checkpointEvery": 5, "tttSteps": 2, "seqLen": 256},
+        "training": {"steps": 10, "checkpointEvery": 5, "tttSteps": 2, "seqLen": 256, "lossChunkRows": 96},
         "evaluation": {
             "everyCheckpoints": 2,
             "prompts": [{"claimName": "prompts", "path": "eval.jsonl", "mode": "completion"}],
@@ -85,12 +85,8 @@ def test_manifest_maps_to_local_paths_and_settings(tmp_path, volumes):
         "1,2,3",
         "http://127.0.0.1:8124",
     )
-    assert [_flag(train, f) for f in ("--steps", "--checkpoint-every", "--ttt-steps", "--seq-len")] == [
-        "10",
-        "5",
-        "2",
-        "256",
-    ]
+    flags = ("--steps", "--checkpoint-every", "--ttt-steps", "--seq-len", "--loss-chunk-rows")
+    assert [_flag(train, f) for f in flags] == ["10", "5", "2", "256", "96"]
     evaluate = runner.argv("evaluate", step=5)
     assert _flag(evaluate, "--prompts") == f"{prompts / 'eval.jsonl'},mode=completion"
     assert [_flag(evaluate, f) for f in ("--checkpoint", "--prompts-per-domain", "--max-model-len")] == [

@@ -215,3 +215,19 @@ def test_resuming_with_another_layer_count_is_refused(tmp_path, target_dir):
     other_target.symlink_to(target_dir)
     message = _failure(workspace, other_target)
     assert f"step-00000002 was made from target {target_dir}, this run's target is {other_target}" in message
+
+
+def test_loss_chunk_rows_reaches_the_trainer_and_trains_the_same_draft(tmp_path, target_dir):
+    """`--loss-chunk-rows` (training.lossChunkRows) changes memory, not the result: the same
+    losses step for step, recorded in the checkpoint's settings."""
+    losses = {}
+    for chunk in (None, 50):
+        workspace = Workspace(tmp_path / f"chunk-{chunk}")
+        _write_states(target_dir, workspace)
+        extra = () if chunk is None else ("--loss-chunk-rows", str(chunk))
+        assert eagle3(train_args(workspace, target_dir, *extra)) == 0
+        state = torch.load(workspace.checkpoint_dir(4) / "training_state.pt", weights_only=False)
+        assert state["settings"]["loss_chunk_rows"] == chunk
+        lines = (workspace.reports_dir / "train-metrics.jsonl").read_text().splitlines()
+        losses[chunk] = [json.loads(line)["loss"] for line in lines]
+    assert len(losses[None]) == 4 and losses[50] == pytest.approx(losses[None], rel=1e-5)
