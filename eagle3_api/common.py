@@ -91,6 +91,18 @@ class ResourceSpec(ApiModel):
     limits: StringMap = Field(default_factory=dict, description="Resource limits, e.g. memory: 128Gi.")
 
 
+EnvList = Annotated[list[EnvVar], Field(max_length=64)]
+
+
+def env_field(description: str) -> Any:
+    """A container env list, merged by name (a later entry of one name replaces an earlier)."""
+    return Field(
+        default_factory=list,
+        description=description,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
 class TargetSpec(ApiModel):
     """The target model, served by vLLM on AMD GPUs."""
 
@@ -148,12 +160,10 @@ class TargetSpec(ApiModel):
     extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = Field(
         default_factory=list, description="Extra command-line arguments appended to `vllm serve`."
     )
-    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
-        default_factory=list,
-        description="Extra environment variables of every container the operator runs for this object "
+    env: EnvList = env_field(
+        "Extra environment variables of every container the operator runs for this object "
         "(the vLLM servers, and a DraftTraining's stage pods). An entry named like one the operator sets "
-        "replaces it, e.g. VLLM_ROCM_USE_AITER: '0' on MI200-class GPUs, which AITER does not support.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        "replaces it, e.g. VLLM_ROCM_USE_AITER: '0' on MI200-class GPUs, which AITER does not support."
     )
     hf_token_secret: SecretKeyRef | None = Field(
         None, description="Secret key holding a Hugging Face token; exposed to the pods as HF_TOKEN."

@@ -6,10 +6,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from eagle3_api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quantity, cel, section
+from eagle3_api.base import FREE_FORM_OBJECT, ApiModel, DnsName, Quantity, StringMap, cel, section
 from eagle3_api.common import (
     CONDITIONS_FIELD,
     Condition,
+    EnvList,
     ImagePullSecrets,
     ModelRef,
     NetworkPolicySpec,
@@ -18,6 +19,7 @@ from eagle3_api.common import (
     Quantization,
     SchedulingSpec,
     TargetSpec,
+    env_field,
     image_pull_secrets_field,
 )
 from eagle3_api.progress import Progress
@@ -257,8 +259,18 @@ class TrainingSpec(ApiModel):
     seed: Annotated[int, Field(ge=0)] = Field(0, description="Training seed.")
     resources: dict[str, Any] | None = Field(
         None,
-        description="Extra CPU/memory requests and limits of a trainer pod ({requests: {...}, limits: {...}}).",
+        description="Extra requests and limits of a trainer pod ({requests: {...}, limits: {...}}): CPU and "
+        "memory, and the RDMA NIC's extended resource where a device plugin offers one.",
         json_schema_extra=FREE_FORM_OBJECT,
+    )
+    env: EnvList = env_field(
+        "Environment of the trainer containers alone, over target.env and the operator's: RCCL's and "
+        "RDMA's settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_IB_GID_INDEX, NCCL_DEBUG ...)."
+    )
+    pod_annotations: StringMap = Field(
+        default_factory=dict,
+        description="Annotations of the trainer pods, e.g. k8s.v1.cni.cncf.io/networks for a Multus "
+        "secondary (RDMA) network.",
     )
 
     @model_validator(mode="after")

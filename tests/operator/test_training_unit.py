@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.plan import Plan
 from eagle3_operator.reconcile.training import TrainingObserved, plan_training
 
@@ -276,6 +277,28 @@ def test_multi_node_training_uses_an_indexed_job_with_torchrun_and_a_headless_se
     )
     assert headless["spec"]["clusterIP"] == "None"
     assert _container(train)["resources"]["limits"]["amd.com/gpu"] == "8"
+
+
+def test_the_trainer_overlay_sets_rccl_env_and_a_network_on_the_trainer_pods_alone():
+    """training.env and training.podAnnotations reach the trainer ranks (over target.env and the operator's
+    own entries, by name) and no other stage's pods; the RDMA NIC comes through training.resources."""
+    cluster, plan = _two_node_training_after_generation(
+        env=[{"name": "NCCL_SOCKET_IFNAME", "value": "net1"}, {"name": "VLLM_ROCM_USE_AITER", "value": "0"}],
+        podAnnotations={"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+        resources={"limits": {"rdma/hca_shared_devices_a": "1"}},
+    )
+    train = next(o for o in plan.create if o["kind"] == "Job")
+    env = {e["name"]: e.get("value") for e in _container(train)["env"]}
+    assert env["NCCL_SOCKET_IFNAME"] == "net1" and env["VLLM_ROCM_USE_AITER"] == "0"
+    assert len(_container(train)["env"]) == len(env)  # one entry per name
+    template = train["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    assert template["metadata"]["labels"][meta.STAGE_LABEL] == "train"
+    limits = _container(train)["resources"]["limits"]
+    assert limits == {"rdma/hca_shared_devices_a": "1", "amd.com/gpu": "8"}
+    generate = cluster.observed.jobs["llama-generate"]
+    assert "NCCL_SOCKET_IFNAME" not in {e["name"] for e in _container(generate)["env"]}
+    assert "annotations" not in generate["spec"]["template"]["metadata"]
 
 
 def test_a_failed_rank_restarts_the_whole_trainer_group_until_group_restarts_run_out():

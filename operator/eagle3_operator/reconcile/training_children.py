@@ -292,15 +292,18 @@ def stage_job(
         gpu_resource=spec.target.gpu_resource_name,
         runtime_user=True,
     )
+    template_metadata: dict[str, Any] = {"labels": _labels(dt, stage) | {meta.STAGE_LABEL: stage}}
+    if stage == "train":
+        # The trainer's own overlay (RCCL and RDMA settings, a Multus network) over what every stage gets.
+        container["env"] = merge_env(container["env"], [e.to_json() for e in spec.training.env])
+        if spec.training.pod_annotations:
+            template_metadata["annotations"] = dict(spec.training.pod_annotations)
     job_labels = _labels(dt, stage) | {meta.STAGE_LABEL: stage}
     if spec.scheduling.queue_name:
         job_labels[meta.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
     job_spec: dict[str, Any] = {
         "backoffLimit": spec.runtime.backoff_limit,
-        "template": {
-            "metadata": {"labels": _labels(dt, stage) | {meta.STAGE_LABEL: stage}},
-            "spec": pod_spec,
-        },
+        "template": {"metadata": template_metadata, "spec": pod_spec},
     }
     if nodes > 1:
         job_spec |= {"completionMode": "Indexed", "completions": nodes, "parallelism": nodes}
