@@ -90,6 +90,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     names = [f"bench-{i:03d}" for i in range(args.objects)]
+    # Waits long enough for the test bed itself (kwok, the scheduler, the PV controller) at 2000 objects.
+    wait_s = max(300.0, 1.5 * args.objects)
+    # The poller shares the 2 cores: at 2000 objects it lists every 2 s (resolution far under the bar).
+    poll_s = max(0.5, args.objects / 1000)
     # One GPU per target server: enough fake 8-GPU nodes for every object's target at once.
     with LocalCluster(gpu_nodes=args.objects // 8 + 2, cpu_nodes=2) as cluster:
         install_crds(cluster)
@@ -135,12 +139,12 @@ def main() -> None:
                 first_job.setdefault(job["name"].removesuffix("-generate"), now)
             return len(first_job) >= len(names)
 
-        wait_until(lambda: poll() or len(children_complete()) >= len(names), timeout=600, interval=0.5,
+        wait_until(lambda: poll() or len(children_complete()) >= len(names), timeout=2 * wait_s, interval=poll_s,
                    what="every DraftTraining's first children")  # fmt: skip
         # The generate Job waits for kwok to report the target Ready; on an overloaded machine kwok's
         # node heartbeats can lapse and leave targets unready, so this wait is bounded and reported.
         try:
-            wait_until(poll, timeout=300, interval=0.5, what="every DraftTraining's generate Job")
+            wait_until(poll, timeout=wait_s, interval=poll_s, what="every DraftTraining's generate Job")
         except TimeoutError:
             print(f"only {len(first_job)} of {len(names)} generate Jobs after the wait", flush=True)
         to_children = [max(first_seen[kind][n] for kind in FIRST_CHILDREN) - created[n] for n in names]
@@ -157,7 +161,7 @@ def main() -> None:
             return sum(p["status"].get("phase") == "Running" for p in pods["items"]) >= len(first_job)
 
         try:
-            wait_until(stage_pods_running, timeout=300, interval=2, what="every generate pod Running")
+            wait_until(stage_pods_running, timeout=wait_s, interval=2, what="every generate pod Running")
         except TimeoutError:
             print("not every generate pod is Running: the idle window is not idle", flush=True)
         time.sleep(15)
