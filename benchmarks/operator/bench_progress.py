@@ -294,7 +294,10 @@ def main() -> None:
 
     found, exact, coalesced, missing = lags(reports, status)
     late = [r.sent - r.due for r in reports]
-    delta = {k: after[k] - before[k] for k in before}
+    # Counts as integers; only the reconcile seconds are a sum of times.
+    delta = {
+        k: (after[k] - before[k]) if k == "reconcile_seconds" else int(after[k] - before[k]) for k in before
+    }
     reconciles = delta["reconciles"]
     results = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -308,6 +311,7 @@ def main() -> None:
         "objects": len(names),
         "pods_reporting": len(pods),
         "report_period_s": REPORT_PERIOD_S,
+        # From the window's start until the last PATCH's response (--window-seconds bounds the due times).
         "window_s": round(window_s, 1),
         "reports_sent": len(reports),
         # How far behind its schedule the slowest PATCH went out (the load generator keeping up).
@@ -336,7 +340,7 @@ def main() -> None:
         if reconciles
         else None,
         "operator_status_conflicts_in_window": delta["status_conflicts"],
-        "reconcile_errors": {"in_window": delta["reconcile_errors"], "total": after["reconcile_errors"]},
+        "reconcile_errors": {"in_window": delta["reconcile_errors"], "total": int(after["reconcile_errors"])},
         "operator_rss_peak_mib_in_window": round(sampler.peak_rss, 1),
         "apiserver_writes_in_window": dict(writes),
         "load_average_samples": sampler.load,
