@@ -78,45 +78,84 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--objects", type=int, default=200)
-    parser.add_argument("--idle-seconds", type=float, default=150.0)
+def bench_parser(description: str, objects: int) -> argparse.ArgumentParser:
+    """The options every operator benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--objects", type=int, default=objects)
     parser.add_argument(
-        "--results", type=Path, help="where the JSON goes (default results/DATE-OBJECTS.json)"
+        "--results", type=Path, help="where the JSON goes (default results/DATE-...-OBJECTS.json)"
     )
     parser.add_argument(
         "--operator-args", default="--leader-elect", help="more eagle3-operator flags (as the chart)"
     )
+    return parser
+
+
+def bench_names(objects: int) -> list[str]:
+    return [f"bench-{i:03d}" for i in range(objects)]
+
+
+def bench_cluster(objects: int) -> LocalCluster:
+    # One GPU per target server: enough fake 8-GPU nodes for every object's target at once.
+    return LocalCluster(gpu_nodes=objects // 8 + 2, cpu_nodes=2)
+
+
+def start_operator(
+    cluster: LocalCluster, names: list[str], operator_args: str
+) -> tuple[str, OperatorProcess]:
+    """The CRDs, a manual namespace with the volumes of the DraftTrainings `names` (stage pods stay
+    Running: the pipeline idles after stage 1), and the operator watching it as the chart runs it."""
+    install_crds(cluster)
+    ns = cluster.create_namespace(manual=True)
+    bind_volume(cluster, ns, "prompts", create_claim=True)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: bind_volume(cluster, ns, f"{n}-workspace", create_claim=False), names))
+    log = Path(cluster.workdir) / "bench-operator.log"
+    extra_args = (*operator_args.split(), "--leader-elect-resource-namespace", ns)
+    return ns, OperatorProcess(cluster, [ns], log, extra_args).start()
+
+
+def create_trainings(cluster: LocalCluster, ns: str, names: list[str]) -> dict[str, float]:
+    """Create the DraftTrainings from 16 threads; when each was created (monotonic)."""
+    created: dict[str, float] = {}
+
+    def create(name: str) -> None:
+        cluster.request("POST", draft_training_path(ns), training_body(ns, name))
+        created[name] = time.monotonic()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(create, names))
+    return created
+
+
+def running_stage_pods(cluster: LocalCluster, ns: str, stage: str = "generate") -> list[dict]:
+    pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=eagle3.ai/stage={stage}")
+    return [p for p in pods["items"] if p["status"].get("phase") == "Running"]
+
+
+def write_results(results: dict, path: Path | None, name: str) -> None:
+    """Write the JSON (to `path`, default results/DATE-NAME.json) and print it."""
+    path = path or RESULTS / f"{time.strftime('%Y-%m-%dT%H%M', time.gmtime())}-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, objects=200)
+    parser.add_argument("--idle-seconds", type=float, default=150.0)
     args = parser.parse_args()
-    names = [f"bench-{i:03d}" for i in range(args.objects)]
+    names = bench_names(args.objects)
     # Waits long enough for the test bed itself (kwok, the scheduler, the PV controller) at 2000 objects.
     wait_s = max(300.0, 1.5 * args.objects)
     # The poller shares the 2 cores: at 2000 objects it lists every 2 s (resolution far under the bar).
     poll_s = max(0.5, args.objects / 1000)
-    # One GPU per target server: enough fake 8-GPU nodes for every object's target at once.
-    with LocalCluster(gpu_nodes=args.objects // 8 + 2, cpu_nodes=2) as cluster:
-        install_crds(cluster)
-        ns = cluster.create_namespace(
-            manual=True
-        )  # stage pods stay Running: the pipeline idles after stage 1
-        bind_volume(cluster, ns, "prompts", create_claim=True)
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda n: bind_volume(cluster, ns, f"{n}-workspace", create_claim=False), names))
-        log = Path(cluster.workdir) / "bench-operator.log"
-        operator_args = (*args.operator_args.split(), "--leader-elect-resource-namespace", ns)
-        operator = OperatorProcess(cluster, [ns], log, operator_args).start()
+    with bench_cluster(args.objects) as cluster:
+        ns, operator = start_operator(cluster, names, args.operator_args)
         peak_rss = rss_mib(operator.proc.pid)
-        created: dict[str, float] = {}
-
-        def create(name: str) -> None:
-            cluster.request("POST", draft_training_path(ns), training_body(ns, name))
-            created[name] = time.monotonic()
-
         api = cluster.api_client()
         started = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(create, names))
+        created = create_trainings(cluster, ns, names)
         print(f"created {len(names)} DraftTrainings in {time.monotonic() - started:.1f} s", flush=True)
 
         # Per object, when each of its first children was first seen; the object's time is the latest.
@@ -155,10 +194,7 @@ def main() -> None:
         # the PV controller and the scheduler can trail the Jobs by minutes), then the last status
         # patches and Events.
         def stage_pods_running() -> bool:
-            pods = cluster.request(
-                "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=eagle3.ai/stage=generate"
-            )
-            return sum(p["status"].get("phase") == "Running" for p in pods["items"]) >= len(first_job)
+            return len(running_stage_pods(cluster, ns)) >= len(first_job)
 
         try:
             wait_until(stage_pods_running, timeout=wait_s, interval=2, what="every generate pod Running")
@@ -221,7 +257,7 @@ def main() -> None:
         # Leader election: a GET and a PUT of the Lease per retry period, whatever the object count.
         "idle_lease_requests": lease_requests,
         "load_average_at_end": [float(x) for x in load],
-        "operator_args": list(operator_args),
+        "operator_args": list(operator.extra_args),
         "operator_rss_mib": {"peak": round(peak_rss, 1), "end": round(final_rss, 1)},
         "seconds_since_each_objects_last_reconcile_at_end": {
             "max": max(since_last_pass),
@@ -231,10 +267,7 @@ def main() -> None:
         "mean_reconcile_s": durations_sum / reconciles_until_idle if reconciles_until_idle else None,
         "reconcile_errors": errors,
     }
-    path = args.results or RESULTS / f"{time.strftime('%Y-%m-%dT%H%M', time.gmtime())}-{len(names)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_results(results, args.results, str(len(names)))
 
 
 if __name__ == "__main__":
