@@ -269,12 +269,16 @@ def stage_job(
             ]
             pod_spec["subdomain"] = trainer_service_name(dt)
         command = [*launcher, "--no-python", *command]
+    users_env = user_env(spec.target)
+    if stage == "train":
+        # The trainer's own overlay (RCCL and RDMA settings) over target.env.
+        users_env = merge_env(users_env, [e.to_json() for e in spec.training.env])
     container = {
         "name": STAGE_CONTAINER,
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": command,
-        "env": merge_env(env, user_env(spec.target)),
+        "env": merge_env(env, users_env),
         "volumeMounts": mounts.mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -292,13 +296,11 @@ def stage_job(
         gpu_resource=spec.target.gpu_resource_name,
         runtime_user=True,
     )
-    template_metadata: dict[str, Any] = {"labels": _labels(dt, stage) | {meta.STAGE_LABEL: stage}}
-    if stage == "train":
-        # The trainer's own overlay (RCCL and RDMA settings, a Multus network) over what every stage gets.
-        container["env"] = merge_env(container["env"], [e.to_json() for e in spec.training.env])
-        if spec.training.pod_annotations:
-            template_metadata["annotations"] = dict(spec.training.pod_annotations)
-    job_labels = _labels(dt, stage) | {meta.STAGE_LABEL: stage}
+    stage_labels = _labels(dt, stage) | {meta.STAGE_LABEL: stage}
+    template_metadata: dict[str, Any] = {"labels": stage_labels}
+    if stage == "train" and spec.training.pod_annotations:
+        template_metadata["annotations"] = dict(spec.training.pod_annotations)  # e.g. a Multus network
+    job_labels = dict(stage_labels)
     if spec.scheduling.queue_name:
         job_labels[meta.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name
     job_spec: dict[str, Any] = {
