@@ -9,6 +9,9 @@ newer runtime image may still report to an older operator. See docs/contracts.md
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import Field
 
 from eagle3_api.base import ApiModel
@@ -32,3 +35,8 @@ class Progress(ApiModel):
     tokens_per_second: float | None = Field(None, description="Tokens generated per second so far.")
     eta_seconds: float | None = Field(None, description="Estimated seconds left in the stage.")
     updated_at: str | None = Field(None, description="When the record was written.")
+
+
+def progress_patch(record: dict[str, Any]) -> dict[str, Any]:
+    """The pod patch that puts a progress record (`Progress.to_json()`) in the pod's annotation."""
+    return {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, separators=(",", ":"))}}}

@@ -6,7 +6,6 @@ docs/contracts.md ("Progress while a stage runs").
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -14,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from eagle3_api.progress import PROGRESS_ANNOTATION, Progress
+from eagle3_api.progress import Progress, progress_patch
 from eagle3_api.stages import TrainingStageName
 from eagle3_runtime.files import write_json_atomic
 
@@ -62,9 +61,6 @@ class ProgressReporter:
 
             config.load_incluster_config()
             namespace, name = self._pod
-            body = {
-                "metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, separators=(",", ":"))}}
-            }
-            client.CoreV1Api().patch_namespaced_pod(name, namespace, body)
+            client.CoreV1Api().patch_namespaced_pod(name, namespace, progress_patch(record))
         except Exception as exc:  # noqa: BLE001
             log.warning("could not annotate pod with progress: %s", exc)

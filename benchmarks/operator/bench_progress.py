@@ -19,7 +19,6 @@ Writes benchmarks/operator/results/DATE-progress-OBJECTS.json and prints it.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import platform
@@ -47,7 +46,7 @@ from benchmarks.operator.bench_scale import (
     write_results,
 )
 from eagle3_api import API_VERSION
-from eagle3_api.progress import PROGRESS_ANNOTATION, Progress
+from eagle3_api.progress import Progress, progress_patch
 from tests.operator.harness import OperatorProcess, apiserver_writes
 from tests.support.cluster import LocalCluster, wait_until
 
@@ -167,7 +166,7 @@ def annotation_patch(count: int, planned: int) -> dict:
         },
         extra="forbid",
     ).to_json()
-    return {"metadata": {"annotations": {PROGRESS_ANNOTATION: json.dumps(record, separators=(",", ":"))}}}
+    return progress_patch(record)
 
 
 def schedule(names: list[str], window_s: float, start: float) -> list[Report]:
