@@ -38,8 +38,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
-
 from eagle3_runtime.conversation_shards import (
     LONG_SAMPLES_FILE,
     REJECTED_FILE,
@@ -58,12 +56,12 @@ from eagle3_runtime.vllm_client import (
     RejectedRequest,
     RetryPolicy,
     SamplingSettings,
+    collector_frozen,
     generate_one,
+    open_session,
 )
 
 log = logging.getLogger(__name__)
-# One INFO line per request would drown the progress bar and the retry messages.
-logging.getLogger("httpx").setLevel(logging.WARNING)
 
 PLAN_FILE = "plan.json"
 BAD_ROWS_FILE = "bad-rows.jsonl"
@@ -166,7 +164,8 @@ def run_generate(
 
     started = time.monotonic()
     try:
-        tokens = asyncio.run(_generate_all(config, plan, todo, output, reporter))
+        with collector_frozen():
+            tokens = asyncio.run(_generate_all(config, plan, todo, output, reporter))
     finally:
         output.close()
     seconds = time.monotonic() - started
@@ -240,9 +239,8 @@ async def _generate_all(
     bar = tqdm(
         total=config.num_samples, initial=config.num_samples - len(todo), desc="generate", unit="sample"
     )
-    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
 
-    async with httpx.AsyncClient(base_url=config.server.rstrip("/"), limits=limits) as client:
+    async with open_session(config.server, config.concurrency) as session:
 
         async def worker() -> None:
             while True:
@@ -253,7 +251,7 @@ async def _generate_all(
                 prompt = plan[index]
                 try:
                     record = await generate_one(
-                        client, sample_id(index), prompt, config.sampling, config.retry, config.chat
+                        session, sample_id(index), prompt, config.sampling, config.retry, config.chat
                     )
                 except LongSample as exc:
                     log.warning("sample %s (%s) left out: %s", sample_id(index), prompt.location, exc)

@@ -24,13 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from eagle3_runtime.evaluate.config import speculative_config
 from eagle3_runtime.evaluate.counters import SpecCounters, read_spec_counters
 from eagle3_runtime.files import write_json_atomic
 from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts
-from eagle3_runtime.vllm_client import RetryPolicy, _post_with_retries
+from eagle3_runtime.vllm_client import RetryPolicy, _post_with_retries, open_session
 from eagle3_runtime.vllm_server import VLLMServer
 
 log = logging.getLogger(__name__)
@@ -156,11 +156,11 @@ def _request(prompt: Prompt, max_tokens: int, with_logprobs: bool) -> tuple[str,
             body["tools"] = prompt.tools
         if with_logprobs:
             body |= {"logprobs": True, "top_logprobs": 2}
-        return "/v1/chat/completions", body
+        return "v1/chat/completions", body
     body["prompt"] = prompt.text
     if with_logprobs:
         body["logprobs"] = 2
-    return "/v1/completions", body
+    return "v1/completions", body
 
 
 def _top_logprobs(choice: dict[str, Any]) -> list[list[float]]:
@@ -176,13 +176,13 @@ def _top_logprobs(choice: dict[str, Any]) -> list[list[float]]:
 
 
 async def _generate(
-    client: httpx.AsyncClient, prompts: list[Prompt], max_tokens: int, with_logprobs: bool
+    session: aiohttp.ClientSession, prompts: list[Prompt], max_tokens: int, with_logprobs: bool
 ) -> list[dict[str, Any]]:
     """The choice of each prompt, one request at a time: the same batch shape on both servers."""
     choices = []
     for prompt in prompts:
         path, body = _request(prompt, max_tokens, with_logprobs)
-        reply = await _post_with_retries(client, path, body, RetryPolicy(max_attempts=3))
+        reply = await _post_with_retries(session, path, body, RetryPolicy(max_attempts=3))
         choices.append(reply["choices"][0])
     return choices
 
@@ -244,10 +244,10 @@ async def _side(
     url: str, prompts: list[Prompt], max_tokens: int, with_logprobs: bool
 ) -> tuple[list[dict[str, Any]], SpecCounters]:
     """One server's choices for the prompts, and its speculative-decoding counters' delta."""
-    async with httpx.AsyncClient(base_url=url.rstrip("/")) as client:
-        before = await read_spec_counters(client)
-        choices = await _generate(client, prompts, max_tokens, with_logprobs)
-        return choices, await read_spec_counters(client) - before
+    async with open_session(url, max_connections=1) as session:
+        before = await read_spec_counters(session)
+        choices = await _generate(session, prompts, max_tokens, with_logprobs)
+        return choices, await read_spec_counters(session) - before
 
 
 def _server(config: VerifyConfig, log_dir: Path, name: str, draft: str | None) -> VLLMServer:

@@ -2,18 +2,25 @@
 itself: vllm_server.py): one sample per call, a conversation regenerated turn by turn through
 `/v1/chat/completions` or a completion through `/v1/completions`, with the token ids vLLM
 returns, retries with backoff on transient errors, and the long-sample policy.
+
+Requests go through aiohttp, not httpx: with eight requests in flight, httpx's async connection
+pool held `eagle3 generate` to 0.39x of `vllm bench serve` (an aiohttp client) on the same server,
+requests waiting seconds for a pooled connection (encode/httpx#3215); docs/benchmarks.md has the
+before and after.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 
 from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH, ConversationRecord, generation_entry
 from eagle3_runtime.prompt_sources import Prompt, RegenerateTurns, Turn
@@ -52,6 +59,32 @@ class ChatSettings:
     long_samples: LongSamplePolicy = "truncate"
 
 
+def open_session(server_url: str, max_connections: int) -> aiohttp.ClientSession:
+    """A session to a vLLM server at `server_url` (a path prefix is kept) with at most
+    `max_connections` open; request paths are relative (`v1/completions`)."""
+    return aiohttp.ClientSession(
+        base_url=server_url.rstrip("/") + "/",
+        connector=aiohttp.TCPConnector(limit=max_connections),
+        timeout=aiohttp.ClientTimeout(total=None),  # each request sets its own
+        trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as httpx honoured them
+    )
+
+
+@contextlib.contextmanager
+def collector_frozen() -> Iterator[None]:
+    """Requests in flight while the garbage collector leaves every object that exists now alone.
+
+    A full collection rescans the loaded prompts and imported modules (torch, transformers) and
+    stalls the event loop with requests waiting to be sent; `vllm bench serve` freezes its heap
+    for the same reason. Measured: 1.26x `eagle3 generate` throughput (docs/benchmarks.md)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class RejectedRequest(Exception):
     """The server refused the request for good (a 4xx other than 429): retrying cannot help."""
 
@@ -64,19 +97,24 @@ class LongSample(Exception):
     """The sample does not fit the length limit and is left out."""
 
 
-async def _post_with_retries(client: httpx.AsyncClient, path: str, body: dict, policy: RetryPolicy) -> dict:
+async def _post_with_retries(
+    session: aiohttp.ClientSession, path: str, body: dict, policy: RetryPolicy
+) -> dict:
+    timeout = aiohttp.ClientTimeout(total=policy.request_timeout_s)
     for attempt in range(1, policy.max_attempts + 1):
         try:
-            response = await client.post(path, json=body, timeout=policy.request_timeout_s)
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            async with session.post(path, json=body, timeout=timeout) as response:
+                if response.status == 200:
+                    return await response.json(content_type=None)
+                status, text = response.status, await response.text(errors="replace")
+                retry_after = response.headers.get("retry-after")
+        except (aiohttp.ClientError, TimeoutError) as exc:
             problem, retry_after = f"{type(exc).__name__}: {exc}", None
         else:
-            if response.status_code == 200:
-                return response.json()
-            if response.status_code not in RETRYABLE_STATUS:
-                refusal = ContextTooLong if "context length" in response.text else RejectedRequest
-                raise refusal(f"HTTP {response.status_code}: {response.text[:300]}")
-            problem, retry_after = f"HTTP {response.status_code}", response.headers.get("retry-after")
+            if status not in RETRYABLE_STATUS:
+                refusal = ContextTooLong if "context length" in text else RejectedRequest
+                raise refusal(f"HTTP {status}: {text[:300]}")
+            problem = f"HTTP {status}"
         if attempt == policy.max_attempts:
             raise RuntimeError(f"{path} failed {attempt} times; last: {problem}")
         delay = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -177,7 +215,7 @@ def _next_context(reply: dict, previous: Turn, turn: Turn) -> tuple[list[dict], 
 
 
 async def generate_one(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     sample: str,
     prompt: Prompt,
     sampling: SamplingSettings,
@@ -189,7 +227,7 @@ async def generate_one(
     chat = chat or ChatSettings(max_length=None)
 
     async def post(path: str, turn: int, body: dict[str, Any]) -> dict:
-        return await _post_with_retries(client, path, {**_request(sampling, sample, turn), **body}, policy)
+        return await _post_with_retries(session, path, {**_request(sampling, sample, turn), **body}, policy)
 
     length = _LengthCheck(chat)
     meta: dict[str, Any] = {"source": prompt.location}
@@ -222,7 +260,7 @@ async def _regenerate_conversation(
         if chat.chat_template_kwargs:
             body["chat_template_kwargs"] = chat.chat_template_kwargs
         try:
-            reply = await post("/v1/chat/completions", number, body)
+            reply = await post("v1/chat/completions", number, body)
         except ContextTooLong as exc:
             length.refused(number, exc)
             break
@@ -248,7 +286,7 @@ async def _regenerate_conversation(
 
 async def _complete(post: Post, prompt: Prompt, length: _LengthCheck) -> dict[str, Any]:
     try:
-        reply = await post("/v1/completions", 0, {"prompt": prompt.text})
+        reply = await post("v1/completions", 0, {"prompt": prompt.text})
     except ContextTooLong as exc:
         raise LongSample(f"the server refused the prompt ({exc})") from exc
     choice = reply["choices"][0]

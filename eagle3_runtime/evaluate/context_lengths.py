@@ -24,12 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from eagle3_runtime.conversations import as_vllm_renders, load_tokenizer
 from eagle3_runtime.evaluate.config import EvaluateConfig
 from eagle3_runtime.evaluate.counters import read_spec_counters
 from eagle3_runtime.prompt_sources import Prompt, load_prompts
+from eagle3_runtime.vllm_client import open_session
 
 SYSTEM_ROLES = ("system", "developer")
 
@@ -170,7 +171,7 @@ def build_buckets(
     return buckets
 
 
-async def _complete(client: httpx.AsyncClient, model: str, ids: list[int], max_tokens: int) -> int:
+async def _complete(session: aiohttp.ClientSession, model: str, ids: list[int], max_tokens: int) -> int:
     """One greedy completion of a token-id prompt; the number of tokens it generated."""
     body = {
         "model": model,
@@ -179,10 +180,14 @@ async def _complete(client: httpx.AsyncClient, model: str, ids: list[int], max_t
         "temperature": 0.0,
         "return_token_ids": True,
     }
-    response = await client.post("/v1/completions", json=body, timeout=600)
-    if response.status_code != 200:
-        raise RuntimeError(f"a {len(ids)}-token prompt: HTTP {response.status_code}: {response.text[:300]}")
-    choice = response.json()["choices"][0]
+    async with session.post(
+        "v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=600)
+    ) as response:
+        if response.status != 200:
+            raise RuntimeError(
+                f"a {len(ids)}-token prompt: HTTP {response.status}: {(await response.text())[:300]}"
+            )
+        choice = (await response.json(content_type=None))["choices"][0]
     seen = len(choice.get("prompt_token_ids") or [])
     if seen != len(ids):
         raise RuntimeError(f"sent a prompt of {len(ids)} tokens, the server counted {seen}")
@@ -190,19 +195,24 @@ async def _complete(client: httpx.AsyncClient, model: str, ids: list[int], max_t
 
 
 async def _measure_bucket(
-    client: httpx.AsyncClient, model: str, bucket: ContextBucket, max_tokens: int, concurrency: int, k: int
+    session: aiohttp.ClientSession,
+    model: str,
+    bucket: ContextBucket,
+    max_tokens: int,
+    concurrency: int,
+    k: int,
 ) -> dict[str, Any]:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(ids: list[int]) -> int:
         async with gate:
-            return await _complete(client, model, ids, max_tokens)
+            return await _complete(session, model, ids, max_tokens)
 
-    before = await read_spec_counters(client)
+    before = await read_spec_counters(session)
     started = time.monotonic()
     tokens = sum(await asyncio.gather(*(one(ids) for ids in bucket.prompts)))
     seconds = time.monotonic() - started
-    counters = await read_spec_counters(client) - before
+    counters = await read_spec_counters(session) - before
     if not counters.drafts:
         raise RuntimeError(
             f"the server made no speculative drafts on the {bucket.context_length}-token prompts"
@@ -231,7 +241,7 @@ def measure_buckets(
     bucket is reported with why."""
 
     async def run() -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(base_url=server_url.rstrip("/")) as client:
+        async with open_session(server_url, concurrency) as session:
             measured = []
             for bucket in buckets:
                 if bucket.unfilled:
@@ -241,7 +251,7 @@ def measure_buckets(
                     continue
                 measured.append(
                     await _measure_bucket(
-                        client, model, bucket, max_tokens, concurrency, num_speculative_tokens
+                        session, model, bucket, max_tokens, concurrency, num_speculative_tokens
                     )
                 )
             return measured

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
@@ -78,7 +78,7 @@ def parse_spec_counters(metrics_text: str) -> SpecCounters:
     return counters
 
 
-async def read_spec_counters(client: httpx.AsyncClient) -> SpecCounters:
-    response = await client.get("/metrics", timeout=60)
-    response.raise_for_status()
-    return parse_spec_counters(response.text)
+async def read_spec_counters(session: aiohttp.ClientSession) -> SpecCounters:
+    async with session.get("metrics", timeout=aiohttp.ClientTimeout(total=60)) as response:
+        response.raise_for_status()
+        return parse_spec_counters(await response.text())

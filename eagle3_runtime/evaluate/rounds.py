@@ -19,11 +19,17 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
+import aiohttp
 
 from eagle3_runtime.evaluate.counters import SpecCounters, read_spec_counters
 from eagle3_runtime.prompt_sources import Prompt, SourceSpec, load_prompts
-from eagle3_runtime.vllm_client import RetryPolicy, SamplingSettings, generate_one
+from eagle3_runtime.vllm_client import (
+    RetryPolicy,
+    SamplingSettings,
+    collector_frozen,
+    generate_one,
+    open_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,35 +43,45 @@ class DomainRun:
 
 
 async def _run_domain(
-    client: httpx.AsyncClient, prompts: list[Prompt], sampling: SamplingSettings, concurrency: int
+    session: aiohttp.ClientSession, prompts: list[Prompt], sampling: SamplingSettings, concurrency: int
 ) -> DomainRun:
     gate = asyncio.Semaphore(concurrency)
-    before = await read_spec_counters(client)
+    before = await read_spec_counters(session)
     started = time.monotonic()
 
     async def one(index: int, prompt: Prompt) -> int:
         async with gate:
-            record = await generate_one(client, f"{index:08d}", prompt, sampling, RetryPolicy())
+            record = await generate_one(session, f"{index:08d}", prompt, sampling, RetryPolicy())
             return record.num_generated_tokens
 
     tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
     seconds = time.monotonic() - started
-    after = await read_spec_counters(client)
+    after = await read_spec_counters(session)
     return DomainRun(len(prompts), tokens, seconds, after - before)
 
 
-async def run_prompt_set(
+def run_prompt_set(
+    server_url: str, model: str, domains: dict[str, list[Prompt]], *, max_tokens: int, concurrency: int
+) -> dict[str, DomainRun]:
+    """Every domain's prompts against the server, one domain after another."""
+    with collector_frozen():
+        return asyncio.run(
+            _run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
+        )
+
+
+async def _run_prompt_set(
     server_url: str, model: str, domains: dict[str, list[Prompt]], *, max_tokens: int, concurrency: int
 ) -> dict[str, DomainRun]:
     sampling = SamplingSettings(model=model, max_tokens=max_tokens, temperature=0.0)
-    async with httpx.AsyncClient(base_url=server_url.rstrip("/")) as client:
+    async with open_session(server_url, concurrency) as session:
         # One warm-up request: the first one after start-up pays for compilation.
         first = next(iter(domains.values()))[0]
         await generate_one(
-            client, "00000000", first, SamplingSettings(model=model, max_tokens=8), RetryPolicy()
+            session, "00000000", first, SamplingSettings(model=model, max_tokens=8), RetryPolicy()
         )
         return {
-            domain: await _run_domain(client, prompts, sampling, concurrency)
+            domain: await _run_domain(session, prompts, sampling, concurrency)
             for domain, prompts in domains.items()
         }
 
@@ -115,9 +131,7 @@ def measure(
     max_tokens: int,
     concurrency: int,
 ) -> dict:
-    runs = asyncio.run(
-        run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
-    )
+    runs = run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
     return summarise(runs, num_speculative_tokens)
 
 
@@ -164,9 +178,7 @@ def measure_round(
     concurrency: int,
 ) -> Round:
     started_at, load = utc_now(), load_average()
-    runs = asyncio.run(
-        run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
-    )
+    runs = run_prompt_set(server_url, model, domains, max_tokens=max_tokens, concurrency=concurrency)
     measured = Round(side, started_at, load, runs)
     log.info("%s round: %s", side, measured.record())
     return measured

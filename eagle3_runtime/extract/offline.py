@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 
-import httpx
 import torch
 from safetensors.torch import load_file
 
@@ -26,6 +25,7 @@ from eagle3_runtime.hidden_states import HiddenStateSample, ShardWriter
 from eagle3_runtime.pinned_target import PinnedTarget
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead
+from eagle3_runtime.vllm_client import open_session
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,12 @@ def with_target_top1(
 
 async def _request_batch(server_url: str, batch: list[torch.Tensor], concurrency: int) -> list[dict]:
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=server_url.rstrip("/")) as client:
-        model = await served_model(client)
+    async with open_session(server_url, concurrency) as session:
+        model = await served_model(session)
 
         async def one(ids: torch.Tensor) -> dict:
             async with gate:
-                return await request_hidden_states(client, model, ids.tolist(), "file")
+                return await request_hidden_states(session, model, ids.tolist(), "file")
 
         return await asyncio.gather(*(one(ids) for ids in batch))
 

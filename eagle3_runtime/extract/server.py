@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from eagle3_runtime.command_line import flags
 from eagle3_runtime.vllm_server import VLLMServer
@@ -102,7 +102,7 @@ def start_extraction_server(
 
 
 async def request_hidden_states(
-    client: httpx.AsyncClient, model: str, token_ids: list[int], transport: str
+    session: aiohttp.ClientSession, model: str, token_ids: list[int], transport: str
 ) -> dict:
     """Prefill `token_ids` once (one generated token, discarded); returns the kv_transfer_params."""
     body = {
@@ -112,10 +112,14 @@ async def request_hidden_states(
         "temperature": 0.0,
         "kv_transfer_params": {"hidden_states_transport": transport},
     }
-    response = await client.post("/v1/completions", json=body, timeout=600)
-    if response.status_code != 200:
-        raise RuntimeError(f"extraction request failed: HTTP {response.status_code}: {response.text[:300]}")
-    params = response.json().get("kv_transfer_params") or {}
+    async with session.post(
+        "v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=600)
+    ) as response:
+        if response.status != 200:
+            raise RuntimeError(
+                f"extraction request failed: HTTP {response.status}: {(await response.text())[:300]}"
+            )
+        params = (await response.json(content_type=None)).get("kv_transfer_params") or {}
     if "hidden_states_error" in params:
         raise RuntimeError(f"the extraction server refused: {params['hidden_states_error']}")
     if "hidden_states_key" not in params:
@@ -126,8 +130,8 @@ async def request_hidden_states(
     return params
 
 
-async def served_model(client: httpx.AsyncClient) -> str:
+async def served_model(session: aiohttp.ClientSession) -> str:
     """The name the server serves its model under."""
-    response = await client.get("/v1/models", timeout=60)
-    response.raise_for_status()
-    return response.json()["data"][0]["id"]
+    async with session.get("v1/models", timeout=aiohttp.ClientTimeout(total=60)) as response:
+        response.raise_for_status()
+        return (await response.json(content_type=None))["data"][0]["id"]

@@ -15,12 +15,12 @@ import threading
 from collections.abc import Iterable, Iterator
 from urllib.parse import urlsplit
 
-import httpx
 import torch
 
 from eagle3_runtime.connectors.hidden_states import decode_message
 from eagle3_runtime.extract.server import request_hidden_states, served_model
 from eagle3_runtime.hidden_states import HiddenStateSample
+from eagle3_runtime.vllm_client import open_session
 
 _DONE = object()
 
@@ -120,13 +120,13 @@ class StreamingHiddenStates:
     async def _send_async(self, slots, ordered, stop) -> None:
         in_flight = asyncio.Semaphore(self.concurrency)
         loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(base_url=self.server_url) as client:
-            model = self.model or await served_model(client)
+        async with open_session(self.server_url, self.concurrency) as session:
+            model = self.model or await served_model(session)
             previous: asyncio.Future | None = None
 
             async def one(input_ids, loss_mask, wait_for):
                 async with in_flight:
-                    params = await request_hidden_states(client, model, input_ids.tolist(), "zmq")
+                    params = await request_hidden_states(session, model, input_ids.tolist(), "zmq")
                 if wait_for is not None:
                     await wait_for  # hand results over in input order
                 ordered.put((input_ids, loss_mask, params))
