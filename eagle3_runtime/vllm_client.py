@@ -4,9 +4,9 @@ itself: vllm_server.py): one sample per call, a conversation regenerated turn by
 returns, retries with backoff on transient errors, and the long-sample policy.
 
 Requests go through aiohttp, not httpx: with eight requests in flight, httpx's async connection
-pool held `eagle3 generate` to 0.39x of `vllm bench serve` (an aiohttp client) on the same server,
-requests waiting seconds for a pooled connection (encode/httpx#3215); docs/benchmarks.md has the
-before and after.
+pool kept requests waiting seconds for a pooled connection (encode/httpx#3215), and `eagle3
+generate` made 0.44x the throughput of `vllm bench serve` on the same server; docs/benchmarks.md
+has the numbers since.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def collector_frozen() -> Iterator[None]:
 
     A full collection rescans the loaded prompts and imported modules (torch, transformers) and
     stalls the event loop with requests waiting to be sent; `vllm bench serve` freezes its heap
-    for the same reason. Measured: 1.26x `eagle3 generate` throughput (docs/benchmarks.md)."""
+    for the same reason."""
     gc.collect()
     gc.freeze()
     try:

@@ -2,8 +2,9 @@
 
     python benchmarks/pipeline/generate_throughput.py --num-prompts 128 --max-tokens 128 --concurrency 8
 
-Both clients send the same raw completion prompts (cut from the standard library) to one vLLM
-CPU server on the tiny target, greedy, stopping at the model's end of text. Runs alternate in
+Both clients run as command-line processes of their own (`eagle3 generate`, `vllm bench serve`)
+and send the same raw completion prompts (cut from the standard library) to one vLLM CPU server
+on the tiny target, greedy, stopping at the model's end of text. Runs alternate in
 ABBA order (bench, generate, generate, bench, ...) so a load trend on the machine favours neither;
 the result gives each round's throughputs and ratio, and the median ratio. Prints one JSON line.
 """
@@ -19,11 +20,10 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from eagle3_runtime.generate import GenerateConfig, run_generate
+from eagle3_runtime.command_line import flags
+from eagle3_runtime.conversations import MANIFEST
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
-from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.tiny_target import ensure_tiny_target
-from eagle3_runtime.vllm_client import SamplingSettings
 from eagle3_runtime.vllm_server import VLLMServer
 
 SERVED = "tiny"
@@ -53,15 +53,22 @@ def bench_serve(url: str, target: Path, prompts: Path, args, result_dir: Path, r
     return json.loads((result_dir / f"bench-{run}.json").read_text())["output_throughput"]
 
 
-def eagle3_generate(url: str, prompts: Path, args, workdir: Path) -> float:
-    config = GenerateConfig(
-        server=url,
-        sources=[SourceSpec(path=str(prompts), mode="completion")],
-        sampling=SamplingSettings(model=SERVED, max_tokens=args.max_tokens, temperature=0.0),
-        num_samples=args.num_prompts,
-        concurrency=args.concurrency,
-    )
-    return run_generate(config, workdir).tokens_per_second
+def eagle3_generate(url: str, prompts: Path, args, workspace: Path) -> float:
+    options = {
+        "--workspace": workspace,
+        "--server": url,
+        "--model": SERVED,
+        "--source": f"{prompts},mode=completion",
+        "--num-samples": args.num_prompts,
+        "--max-tokens": args.max_tokens,
+        "--temperature": 0,
+        "--concurrency": args.concurrency,
+    }
+    command = [sys.executable, "-m", "eagle3_runtime.cli", "generate", *flags(options)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"eagle3 generate failed:\n{done.stderr[-3000:]}")
+    return json.loads((workspace / "data" / MANIFEST).read_text())["tokens_per_second"]
 
 
 def main() -> None:
