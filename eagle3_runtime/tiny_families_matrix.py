@@ -359,15 +359,7 @@ def run_family(
     """One family's row: its checks and stages, and what was measured. `target`: an already built
     one; `spec`: build this one (default: the family's, with few steps for a Hugging Face-only row)."""
     work.mkdir(parents=True, exist_ok=True)
-    family = FAMILIES[name]
-    results: dict[str, Any] = {
-        "family": name,
-        "architecture": family.architecture,
-        "reasoning": family.reasoning,
-        "checks": {},
-        "stages": {},
-        "measured": {},
-    }
+    results: dict[str, Any] = _empty_row(name)
     started = time.monotonic()
     # The Hugging Face-side checks hold for any weights: a family checked only there is built briefly.
     spec = spec or (family_spec(name) if pipeline else family_spec(name, steps=HF_ONLY_STEPS))
@@ -407,7 +399,7 @@ def recorded_spec(result: dict) -> TinyFamilySpec:
     return TinyFamilySpec(**fields)
 
 
-def not_run(name: str) -> dict:
+def _empty_row(name: str) -> dict[str, Any]:
     family = FAMILIES[name]
     return {
         "family": name,
@@ -416,8 +408,11 @@ def not_run(name: str) -> dict:
         "checks": {},
         "stages": {},
         "measured": {},
-        "supported": False,
     }
+
+
+def not_run(name: str) -> dict:
+    return {**_empty_row(name), "supported": False}
 
 
 MARK = {True: "yes", False: "**no**"}
