@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
+from eagle3_api.command_line import flags
 from eagle3_api.draft_training import DraftTraining, PromptSource
 from eagle3_api.stages import TRAINING_STAGES
 from eagle3_api.workspace import Workspace
@@ -147,68 +148,106 @@ def _final_dir(dt: DraftTraining, at: Locations) -> str:
     return at.output(*export_destination(dt))
 
 
-def _revision_args(dt: DraftTraining) -> list[str]:
-    revision = dt.spec.target.revision
-    return ["--target-revision", revision] if revision else []
-
-
-def _target_args(dt: DraftTraining, at: Locations) -> list[str]:
+def _target_flags(dt: DraftTraining, at: Locations) -> dict[str, object]:
     """The target a stage reads itself, at the revision the target server serves."""
-    return ["--target", at.model(dt.spec.target.model, "target"), *_revision_args(dt)]
+    return {
+        "--target": at.model(dt.spec.target.model, "target"),
+        "--target-revision": dt.spec.target.revision or None,
+    }
 
 
 def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
     """`eagle3 generate` against the target server at `server`, which serves the model under the
     name `target.model`."""
-    data = dt.spec.data
-    argv = ["generate", "--workspace", at.workspace, "--server", server, "--model", dt.spec.target.model,
-            *_revision_args(dt)]  # fmt: skip
+    data, target = dt.spec.data, dt.spec.target
+    argv = ["generate"]
+    argv += flags(
+        {
+            "--workspace": at.workspace,
+            "--server": server,
+            "--model": target.model,
+            "--target-revision": target.revision or None,
+        }
+    )
     for source in data.sources:
         tools = f",tools-field={source.tools_field}" if source.tools_field else ""
         argv += ["--source", source_arg(source, at, source.weight) + tools]
-    argv += [
-        "--num-samples", str(data.num_samples), "--max-tokens", str(data.max_tokens),
-        "--temperature", _num(data.temperature), "--top-p", _num(data.top_p),
-        "--concurrency", str(data.concurrency), "--seed", str(data.seed), "--on-bad-row", data.on_bad_row,
-        "--regenerate-turns", data.regenerate_turns,
-        "--max-length", str(data.max_length), "--long-samples", data.long_samples,
-    ]  # fmt: skip
-    if data.chat_template_kwargs is not None:
-        argv += ["--chat-template-kwargs", json.dumps(data.chat_template_kwargs, sort_keys=True)]
+    kwargs = data.chat_template_kwargs
+    argv += flags(
+        {
+            "--num-samples": data.num_samples,
+            "--max-tokens": data.max_tokens,
+            "--temperature": _num(data.temperature),
+            "--top-p": _num(data.top_p),
+            "--concurrency": data.concurrency,
+            "--seed": data.seed,
+            "--on-bad-row": data.on_bad_row,
+            "--regenerate-turns": data.regenerate_turns,
+            "--max-length": data.max_length,
+            "--long-samples": data.long_samples,
+            "--chat-template-kwargs": None if kwargs is None else json.dumps(kwargs, sort_keys=True),
+        }
+    )
     return argv
 
 
 def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:
     """`eagle3 extract --mode offline`: hidden states into the workspace (it starts its own server)."""
-    return ["extract", "--workspace", at.workspace, "--mode", "offline", *_target_args(dt, at),
-            "--layer-ids", _layer_ids(dt)]  # fmt: skip
+    return ["extract"] + flags(
+        {
+            "--workspace": at.workspace,
+            "--mode": "offline",
+            **_target_flags(dt, at),
+            "--layer-ids": _layer_ids(dt),
+        }
+    )
 
 
 def stream_server_argv(dt: DraftTraining, at: Locations, port: int, stream_port: int) -> list[str]:
     """`eagle3 extract --mode streaming`: the extraction server a streaming trainer reads from."""
-    return ["extract", "--workspace", at.workspace, "--mode", "streaming", *_target_args(dt, at),
-            "--layer-ids", _layer_ids(dt), "--port", str(port), "--stream-port", str(stream_port)]  # fmt: skip
+    return ["extract"] + flags(
+        {
+            "--workspace": at.workspace,
+            "--mode": "streaming",
+            **_target_flags(dt, at),
+            "--layer-ids": _layer_ids(dt),
+            "--port": port,
+            "--stream-port": stream_port,
+        }
+    )
 
 
 def _train_argv(dt: DraftTraining, at: Locations, stream_server: str | None) -> list[str]:
     """`eagle3 train`; in streaming mode it reads the states from `stream_server`."""
     spec, training = dt.spec, dt.spec.training
-    argv = ["train", "--workspace", at.workspace, *_target_args(dt, at),
-            "--hidden-states", spec.hidden_states.mode]  # fmt: skip
-    if spec.hidden_states.mode == "streaming":
-        argv += ["--server", stream_server]
-    argv += [
-        "--layer-ids", _layer_ids(dt), "--draft-vocab-size", str(spec.draft.vocab_size),
-        "--draft-layers", str(spec.draft.layers),
-        *training.length_args, "--learning-rate", _num(training.learning_rate),
-        "--batch-tokens", str(training.batch_tokens), "--seq-len", str(training.seq_len),
-        "--ttt-steps", str(training.ttt_steps), "--loss-decay", _num(training.loss_decay),
-        "--checkpoint-every", str(training.checkpoint_every), "--seed", str(training.seed),
-    ]  # fmt: skip
-    if training.loss_chunk_rows is not None:
-        argv += ["--loss-chunk-rows", str(training.loss_chunk_rows)]
-    if spec.draft.initialization.source == "checkpoint":
-        argv += ["--init-checkpoint", at.model(spec.draft.initialization.path, "init")]
+    mode, initialization = spec.hidden_states.mode, spec.draft.initialization
+    init_checkpoint = at.model(initialization.path, "init") if initialization.source == "checkpoint" else None
+    argv = ["train"]
+    argv += flags(
+        {
+            "--workspace": at.workspace,
+            **_target_flags(dt, at),
+            "--hidden-states": mode,
+            "--server": stream_server if mode == "streaming" else None,
+            "--layer-ids": _layer_ids(dt),
+            "--draft-vocab-size": spec.draft.vocab_size,
+            "--draft-layers": spec.draft.layers,
+        }
+    )
+    argv += training.length_args
+    argv += flags(
+        {
+            "--learning-rate": _num(training.learning_rate),
+            "--batch-tokens": training.batch_tokens,
+            "--seq-len": training.seq_len,
+            "--ttt-steps": training.ttt_steps,
+            "--loss-decay": _num(training.loss_decay),
+            "--checkpoint-every": training.checkpoint_every,
+            "--seed": training.seed,
+            "--loss-chunk-rows": training.loss_chunk_rows,
+            "--init-checkpoint": init_checkpoint,
+        }
+    )
     return argv
 
 
@@ -219,18 +258,27 @@ def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
     checkpoint; a second vLLM start per checkpoint would double the evaluators' time for a
     number that does not pick the checkpoint (acceptance length does)."""
     spec, evaluation = dt.spec, dt.spec.evaluation
-    argv = ["evaluate", "--workspace", at.workspace, *_target_args(dt, at),
-            "--checkpoint", Workspace(at.workspace).checkpoint_dir(step).name]  # fmt: skip
+    argv = ["evaluate"]
+    argv += flags(
+        {
+            "--workspace": at.workspace,
+            **_target_flags(dt, at),
+            "--checkpoint": Workspace(at.workspace).checkpoint_dir(step).name,
+        }
+    )
     # Prompts borrowed from the first data source are read the way generation read them.
     for source in evaluation.prompts or spec.data.sources[:1]:
         argv += ["--prompts", source_arg(source, at)]
-    argv += [
-        "--num-speculative-tokens", str(evaluation.num_speculative_tokens),
-        "--prompts-per-domain", str(evaluation.prompts_per_domain), "--max-tokens", str(evaluation.max_tokens),
-        "--concurrency", str(evaluation.concurrency), "--baseline", "cached",
-    ]  # fmt: skip
-    if spec.target.max_model_len:
-        argv += ["--max-model-len", str(spec.target.max_model_len)]
+    argv += flags(
+        {
+            "--num-speculative-tokens": evaluation.num_speculative_tokens,
+            "--prompts-per-domain": evaluation.prompts_per_domain,
+            "--max-tokens": evaluation.max_tokens,
+            "--concurrency": evaluation.concurrency,
+            "--baseline": "cached",
+            "--max-model-len": spec.target.max_model_len or None,
+        }
+    )
     if evaluation.context_lengths:
         argv += ["--context-lengths", *map(str, evaluation.context_lengths)]
         argv += ["--context-prompts", str(evaluation.context_prompts)]
@@ -246,17 +294,19 @@ def _sweep_argv(dt: DraftTraining, at: Locations) -> list[str]:
     spec, evaluation = dt.spec, dt.spec.evaluation
     sweep = evaluation.sweep
     assert sweep is not None, "stages() plans sweep only with evaluation.sweep"
-    argv = ["sweep", "--workspace", at.workspace, *_target_args(dt, at),
-            "--checkpoint", "best"]  # fmt: skip
+    argv = ["sweep"] + flags({"--workspace": at.workspace, **_target_flags(dt, at), "--checkpoint": "best"})
     for source in evaluation.prompts or spec.data.sources[:1]:
         argv += ["--prompts", source_arg(source, at)]
-    argv += [
-        "--max-speculative-tokens", str(sweep.max_speculative_tokens),
-        "--concurrency", *map(str, sweep.concurrency), "--rounds", str(sweep.rounds),
-        "--prompts-per-domain", str(evaluation.prompts_per_domain), "--max-tokens", str(evaluation.max_tokens),
-    ]  # fmt: skip
-    if spec.target.max_model_len:
-        argv += ["--max-model-len", str(spec.target.max_model_len)]
+    argv += flags({"--max-speculative-tokens": sweep.max_speculative_tokens})
+    argv += ["--concurrency", *map(str, sweep.concurrency)]
+    argv += flags(
+        {
+            "--rounds": sweep.rounds,
+            "--prompts-per-domain": evaluation.prompts_per_domain,
+            "--max-tokens": evaluation.max_tokens,
+            "--max-model-len": spec.target.max_model_len or None,
+        }
+    )
     return argv
 
 
@@ -265,18 +315,28 @@ def _export_argv(dt: DraftTraining, at: Locations) -> list[str]:
     the quantize stage to read."""
     spec = dt.spec
     output = _final_dir(dt, at) if spec.export.quantize == "none" else str(Workspace(at.workspace).export_dir)
-    argv = ["export", "--workspace", at.workspace, "--checkpoint", "best", "--format", spec.export.format,
-            "--output", output]  # fmt: skip
-    if spec.export.format == "speculators" and not spec.target.model.startswith("pvc://"):
-        # The speculators format records its verifier, so `vllm serve DRAFT` finds the target.
-        argv += ["--target", spec.target.model]
-        argv += ["--num-speculative-tokens", str(spec.evaluation.num_speculative_tokens)]
-    return argv
+    # The speculators format records its verifier, so `vllm serve DRAFT` finds the target.
+    records_verifier = spec.export.format == "speculators" and not spec.target.model.startswith("pvc://")
+    return ["export"] + flags(
+        {
+            "--workspace": at.workspace,
+            "--checkpoint": "best",
+            "--format": spec.export.format,
+            "--output": output,
+            "--target": spec.target.model if records_verifier else None,
+            "--num-speculative-tokens": spec.evaluation.num_speculative_tokens if records_verifier else None,
+        }
+    )
 
 
 def _quantize_argv(dt: DraftTraining, at: Locations) -> list[str]:
-    return ["quantize", "--input", str(Workspace(at.workspace).latest_export_dir), "--output", _final_dir(dt, at),
-            "--scheme", dt.spec.export.quantize]  # fmt: skip
+    return ["quantize"] + flags(
+        {
+            "--input": Workspace(at.workspace).latest_export_dir,
+            "--output": _final_dir(dt, at),
+            "--scheme": dt.spec.export.quantize,
+        }
+    )
 
 
 def stage_argv(

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from eagle3_runtime.command_line import flags
 from eagle3_runtime.tiny_families import FAMILIES, TinyFamilySpec, ensure_tiny_family, family_spec
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def family_manifest(name: str) -> dict[str, Any]:
                 "seqLen": 512,
                 "tttSteps": 3,
                 "checkpointEvery": 120,
-            },  # fmt: skip
+            },
             "evaluation": {
                 "everyCheckpoints": 1,
                 "prompts": [
@@ -149,9 +150,10 @@ def run_pipeline(name: str, target: Path, work: Path, prompts: Path, results: di
     manifest = work / "manifest.yaml"
     manifest.write_text(yaml.safe_dump(family_manifest(name), sort_keys=False))
     workspace = work / "ws"
-    command = [sys.executable, "-m", "eagle3_runtime.cli", "pipeline", "--config", str(manifest),
-               "--workspace", str(workspace), "--volume", f"models={models}", "--volume", f"prompts={prompts}",
-               "--result-file", str(work / "result.json")]  # fmt: skip
+    command = [sys.executable, "-m", "eagle3_runtime.cli", "pipeline"]
+    command += flags({"--config": manifest, "--workspace": workspace})
+    command += ["--volume", f"models={models}", "--volume", f"prompts={prompts}"]
+    command += flags({"--result-file": work / "result.json"})
     started = time.monotonic()
     with (work / "pipeline.log").open("w") as out:
         subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=PIPELINE_TIMEOUT_S, check=False)
@@ -216,8 +218,11 @@ def vllm_serves_with_a_draft(target: Path, work: Path, results: dict) -> None:
     speculative = {"method": "eagle3", "model": str(directory), "num_speculative_tokens": 3}
     logs = work / "logs"
     with VLLMServer(target, log_path=logs / "probe-vllm.log", speculative_config=speculative) as server:
-        reply = httpx.post(f"{server.url}/v1/completions", timeout=300,
-                           json={"model": str(target), "prompt": "def main(", "max_tokens": 16, "temperature": 0})  # fmt: skip
+        reply = httpx.post(
+            f"{server.url}/v1/completions",
+            timeout=300,
+            json={"model": str(target), "prompt": "def main(", "max_tokens": 16, "temperature": 0},
+        )
         reply.raise_for_status()
         results["measured"]["probe_completion"] = reply.json()["choices"][0]["text"]
 
@@ -264,8 +269,16 @@ def offline_matches_online(target: Path, work: Path, results: dict) -> None:
 
 def export_speculators(target: Path, work: Path) -> Path:
     out = work / "export-speculators"
-    command = [sys.executable, "-m", "eagle3_runtime.cli", "export", "--workspace", str(work / "ws"),
-               "--checkpoint", "best", "--format", "speculators", "--output", str(out), "--target", str(target)]  # fmt: skip
+    command = [sys.executable, "-m", "eagle3_runtime.cli", "export"]
+    command += flags(
+        {
+            "--workspace": work / "ws",
+            "--checkpoint": "best",
+            "--format": "speculators",
+            "--output": out,
+            "--target": target,
+        }
+    )
     run = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     if run.returncode != 0:
         raise RuntimeError(run.stdout[-400:] + run.stderr[-400:])
@@ -315,9 +328,13 @@ def vllm_loader_expectations(name: str, target: Path, work: Path, results: dict)
             names = handle.keys()
             shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in names}
         hidden = target_config.hidden_size
-        expected = {"fc.weight": (hidden, 3 * hidden), "norm.weight": (hidden,),
-                    "lm_head.weight": (config["draft_vocab_size"], hidden),
-                    f"{prefix}hidden_norm.weight": (hidden,), f"{prefix}input_layernorm.weight": (hidden,)}  # fmt: skip
+        expected = {
+            "fc.weight": (hidden, 3 * hidden),
+            "norm.weight": (hidden,),
+            "lm_head.weight": (config["draft_vocab_size"], hidden),
+            f"{prefix}hidden_norm.weight": (hidden,),
+            f"{prefix}input_layernorm.weight": (hidden,),
+        }
         for tensor, shape in expected.items():
             if shapes.get(tensor) != shape:
                 raise AssertionError(f"{fmt}: {tensor} is {shapes.get(tensor)}, vLLM expects {shape}")
@@ -342,9 +359,7 @@ def run_family(
     """One family's row: its checks and stages, and what was measured. `target`: an already built
     one; `spec`: build this one (default: the family's, with few steps for a Hugging Face-only row)."""
     work.mkdir(parents=True, exist_ok=True)
-    family = FAMILIES[name]
-    results: dict[str, Any] = {"family": name, "architecture": family.architecture,
-                               "reasoning": family.reasoning, "checks": {}, "stages": {}, "measured": {}}  # fmt: skip
+    results: dict[str, Any] = _empty_row(name)
     started = time.monotonic()
     # The Hugging Face-side checks hold for any weights: a family checked only there is built briefly.
     spec = spec or (family_spec(name) if pipeline else family_spec(name, steps=HF_ONLY_STEPS))
@@ -384,10 +399,20 @@ def recorded_spec(result: dict) -> TinyFamilySpec:
     return TinyFamilySpec(**fields)
 
 
-def not_run(name: str) -> dict:
+def _empty_row(name: str) -> dict[str, Any]:
     family = FAMILIES[name]
-    return {"family": name, "architecture": family.architecture, "reasoning": family.reasoning,
-            "checks": {}, "stages": {}, "measured": {}, "supported": False}  # fmt: skip
+    return {
+        "family": name,
+        "architecture": family.architecture,
+        "reasoning": family.reasoning,
+        "checks": {},
+        "stages": {},
+        "measured": {},
+    }
+
+
+def not_run(name: str) -> dict:
+    return {**_empty_row(name), "supported": False}
 
 
 MARK = {True: "yes", False: "**no**"}
@@ -442,8 +467,15 @@ def render_matrix(results: list[dict]) -> str:
             cell(checks.get("hf_hidden_states")),
         ]
         row += [cell(stages.get(s)) for s in PIPELINE_STAGES]
-        row += [cell(checks.get(c)) for c in ("vllm_serves_with_a_draft", "target_outputs_have_structure", "offline_matches_online",
-                                              "vllm_loader_expectations")]  # fmt: skip
+        row += [
+            cell(checks.get(c))
+            for c in (
+                "vllm_serves_with_a_draft",
+                "target_outputs_have_structure",
+                "offline_matches_online",
+                "vllm_loader_expectations",
+            )
+        ]
         lines.append("| " + " | ".join(row) + " |")
         for stage, entry in [*stages.items(), *checks.items()]:
             if not entry["ok"] and entry.get("error") != "not reached":
@@ -467,18 +499,32 @@ def main(argv: list[str] | None = None) -> int:
         "--work", type=Path, required=True, help="a scratch folder (one subfolder per family)"
     )
     parser.add_argument("--families", nargs="*", default=list(FAMILIES), help="through the whole pipeline")
-    parser.add_argument("--serve-probe", nargs="*", default=[],
-                        help="families (of --hf-only) that vLLM serves once with an untrained draft")  # fmt: skip
+    parser.add_argument(
+        "--serve-probe",
+        nargs="*",
+        default=[],
+        help="families (of --hf-only) that vLLM serves once with an untrained draft",
+    )
     parser.add_argument("--hf-only", nargs="*", default=[], help="Hugging Face side only (no vLLM)")
-    parser.add_argument("--target", action="append", default=[], metavar="FAMILY=DIR",
-                        help="an already built target of the family instead of building one")  # fmt: skip
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="FAMILY=DIR",
+        help="an already built target of the family instead of building one",
+    )
     parser.add_argument("--merge", action="store_true", help="keep the results file's other families")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--doc", type=Path, default=DOC)
     parser.add_argument("--render-only", action="store_true", help="rewrite the doc from the results file")
-    parser.add_argument("--combine", nargs="*", type=Path, default=[],
-                        help="results files of runs made side by side: a family measured in a later file "
-                        "replaces the earlier row; the combination is written to --results and --doc")  # fmt: skip
+    parser.add_argument(
+        "--combine",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="results files of runs made side by side: a family measured in a later file "
+        "replaces the earlier row; the combination is written to --results and --doc",
+    )
     args = parser.parse_args(argv)
     if args.combine:
         rows = {name: not_run(name) for name in FAMILIES}
@@ -503,8 +549,14 @@ def main(argv: list[str] | None = None) -> int:
     # The quick Hugging Face-side families first, so a long pipeline cannot hold them up; the doc and
     # the results are rewritten after each family, so they always agree.
     for name in [*args.hf_only, *(f for f in args.families if f not in args.hf_only)]:
-        results[name] = run_family(name, args.work / name, prompts, pipeline=name not in args.hf_only, serve_probe=name in args.serve_probe,
-                                   target=targets.get(name))  # fmt: skip
+        results[name] = run_family(
+            name,
+            args.work / name,
+            prompts,
+            pipeline=name not in args.hf_only,
+            serve_probe=name in args.serve_probe,
+            target=targets.get(name),
+        )
         if args.merge and args.results.exists():  # another run's families stay as it recorded them
             recorded = {r["family"]: r for r in json.loads(args.results.read_text())}
             results = {**recorded, **{n: r for n, r in results.items() if r["checks"]}}

@@ -34,9 +34,16 @@ from pathlib import Path
 from eagle3_runtime import tiny_target
 
 DEEP_TARGET = tiny_target.TinyTargetSpec(
-    layers=24, hidden=256, heads=4, intermediate=688, steps=800, batch_size=32, seq_len=512,
-    learning_rate=1e-3, corpus_megabytes=16.0,
-)  # fmt: skip
+    layers=24,
+    hidden=256,
+    heads=4,
+    intermediate=688,
+    steps=800,
+    batch_size=32,
+    seq_len=512,
+    learning_rate=1e-3,
+    corpus_megabytes=16.0,
+)
 
 
 def train_on_device(device: str):
@@ -46,9 +53,12 @@ def train_on_device(device: str):
     def train(model, stream, spec: tiny_target.TinyTargetSpec) -> None:
         model.to(device).train()
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=spec.learning_rate, weight_decay=0.01, betas=(0.9, 0.95),
+            model.parameters(),
+            lr=spec.learning_rate,
+            weight_decay=0.01,
+            betas=(0.9, 0.95),
             fused=device == "cuda",
-        )  # fmt: skip
+        )
         warmup = max(1, spec.steps // 20)
 
         def lr_factor(step: int) -> float:
@@ -79,10 +89,15 @@ def train_on_device(device: str):
 def build(args: argparse.Namespace) -> None:
     hidden = args.hidden
     spec = dataclasses.replace(
-        DEEP_TARGET, layers=args.layers, steps=args.steps, hidden=hidden, heads=args.heads or hidden // 64,
+        DEEP_TARGET,
+        layers=args.layers,
+        steps=args.steps,
+        hidden=hidden,
+        heads=args.heads or hidden // 64,
         # The MLP keeps the default's ratio to the width (688 / 256), rounded to a multiple of 8.
-        intermediate=args.intermediate or 8 * round(DEEP_TARGET.intermediate * hidden / DEEP_TARGET.hidden / 8),
-    )  # fmt: skip
+        intermediate=args.intermediate
+        or 8 * round(DEEP_TARGET.intermediate * hidden / DEEP_TARGET.hidden / 8),
+    )
     # tiny_target's own source is the cache key of the tests' target, so it stays CPU-only; its
     # build steps (tokenizer, documents, config, saving) are reused with this loop swapped in.
     tiny_target._train = train_on_device(args.device)
@@ -148,8 +163,12 @@ def run(args: argparse.Namespace) -> None:
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"measurements": {}}
     for k in args.speculative_tokens:
         for concurrency in args.concurrency:
-            evaluation = {"numSpeculativeTokens": k, "concurrency": concurrency,
-                          "promptsPerDomain": args.prompts_per_domain, "maxTokens": args.max_tokens}  # fmt: skip
+            evaluation = {
+                "numSpeculativeTokens": k,
+                "concurrency": concurrency,
+                "promptsPerDomain": args.prompts_per_domain,
+                "maxTokens": args.max_tokens,
+            }
             measured_body = {**body, "spec": {**spec, "evaluation": {**spec["evaluation"], **evaluation}}}
             measured_config = dataclasses.replace(
                 config, training=DraftTraining.model_validate(measured_body)

@@ -24,11 +24,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from eagle3_runtime.command_line import flags
+
 # (name, steps, seed): the preset's old budget (180) and its new one (360), three seeds each.
 VARIANTS = [(f"steps{steps}-seed{seed}", steps, seed) for steps in (180, 360) for seed in (0, 1, 2)]
-PRESET_TRAIN_ARGS = ["--layer-ids", "auto", "--draft-vocab-size", "2048", "--draft-layers", "1",
-                     "--learning-rate", "0.003", "--batch-tokens", "2048", "--seq-len", "1024",
-                     "--ttt-steps", "3", "--loss-decay", "0.8", "--checkpoint-every", "60"]  # fmt: skip
+PRESET_TRAIN_FLAGS = {
+    "--layer-ids": "auto",
+    "--draft-vocab-size": 2048,
+    "--draft-layers": 1,
+    "--learning-rate": 0.003,
+    "--batch-tokens": 2048,
+    "--seq-len": 1024,
+    "--ttt-steps": 3,
+    "--loss-decay": 0.8,
+    "--checkpoint-every": 60,
+}
 EVAL_DOMAINS = ("chat-continue", "chat-complete", "completion-code")
 
 
@@ -44,9 +54,18 @@ def train(args: argparse.Namespace) -> None:
         name, steps, seed = variant
         workspace = args.out / name
         shutil.copytree(args.data, workspace / "data", dirs_exist_ok=True)
-        eagle3("train", "--workspace", str(workspace), "--target", str(args.target), "--hidden-states", "online",
-               "--steps", str(steps), "--seed", str(seed), *PRESET_TRAIN_ARGS,
-               "--result-file", str(workspace / "train.json"), log=workspace / "train.log")  # fmt: skip
+        argv = flags(
+            {
+                "--workspace": workspace,
+                "--target": args.target,
+                "--hidden-states": "online",
+                "--steps": steps,
+                "--seed": seed,
+                **PRESET_TRAIN_FLAGS,
+                "--result-file": workspace / "train.json",
+            }
+        )
+        eagle3("train", *argv, log=workspace / "train.log")
 
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(len(VARIANTS)) as pool:
@@ -54,27 +73,49 @@ def train(args: argparse.Namespace) -> None:
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    prompts = [f"--prompts={args.prompts}/{domain}.jsonl,mode={'completion' if 'code' in domain else 'chat'}"
-               for domain in EVAL_DOMAINS]  # fmt: skip
+    prompts = [
+        f"--prompts={args.prompts}/{domain}.jsonl,mode={'completion' if 'code' in domain else 'chat'}"
+        for domain in EVAL_DOMAINS
+    ]
     rows = []
     for name, steps, seed in VARIANTS:
         workspace = args.runs / name
         checkpoint = f"step-{steps:08d}"
         started = time.monotonic()
-        eagle3("evaluate", "--workspace", str(workspace), "--target", str(args.target), "--checkpoint", checkpoint,
-               *prompts, "--num-speculative-tokens", "3", "--prompts-per-domain", "8", "--max-tokens", "96",
-               "--concurrency", "1", "--baseline", "cached", "--max-model-len", "1024",
-               "--result-file", str(workspace / "evaluate.json"), log=workspace / "evaluate.log")  # fmt: skip
+        argv = flags({"--workspace": workspace, "--target": args.target, "--checkpoint": checkpoint})
+        argv += prompts
+        argv += flags(
+            {
+                "--num-speculative-tokens": 3,
+                "--prompts-per-domain": 8,
+                "--max-tokens": 96,
+                "--concurrency": 1,
+                "--baseline": "cached",
+                "--max-model-len": 1024,
+                "--result-file": workspace / "evaluate.json",
+            }
+        )
+        eagle3("evaluate", *argv, log=workspace / "evaluate.log")
         metrics = json.loads((workspace / "evaluate.json").read_text())["metrics"]
         train_metrics = json.loads((workspace / "train.json").read_text())["metrics"]
-        rows.append({"variant": name, "steps": steps, "seed": seed,
-                     "acceptance_length": metrics["acceptance_length"],
-                     "acceptance_per_position": metrics["acceptance_per_position"],
-                     "training_simulated_acceptance_length": train_metrics["simulated_acceptance_length"],
-                     "evaluate_seconds": round(time.monotonic() - started, 1)})  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "steps": steps,
+                "seed": seed,
+                "acceptance_length": metrics["acceptance_length"],
+                "acceptance_per_position": metrics["acceptance_per_position"],
+                "training_simulated_acceptance_length": train_metrics["simulated_acceptance_length"],
+                "evaluate_seconds": round(time.monotonic() - started, 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
-              platform.machine(), "command": " ".join(sys.argv), "rows": rows}  # fmt: skip
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": platform.processor() or platform.machine(),
+        "command": " ".join(sys.argv),
+        "rows": rows,
+    }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=1) + "\n")
 

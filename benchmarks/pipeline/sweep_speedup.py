@@ -58,8 +58,11 @@ def main() -> None:
     from eagle3_runtime.vllm_server import VLLMServer
 
     started = time.monotonic()
-    sweep = {"maxSpeculativeTokens": args.max_speculative_tokens, "concurrency": args.concurrency,
-             "rounds": args.rounds}  # fmt: skip
+    sweep = {
+        "maxSpeculativeTokens": args.max_speculative_tokens,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+    }
     evaluation = {"sweep": sweep, "promptsPerDomain": args.prompts_per_domain, "maxTokens": args.max_tokens}
     body, config, pipeline = run_pipeline(args, evaluation)
     runner = PipelineRunner(config, args.workspace)
@@ -69,10 +72,16 @@ def main() -> None:
     sweep_record = json.loads((runner.workspace.root / swept["artifacts"]["sweep"]).read_text())
 
     # What the operator renders for a SpecDecodeDeployment of this draft with numSpeculativeTokens: auto.
-    sdd = {"apiVersion": "eagle3.ai/v1alpha1", "kind": "SpecDecodeDeployment",
-           "metadata": {"name": "bench", "namespace": "bench", "uid": "bench", "generation": 1},
-           "spec": {"target": {"model": "pvc://models/target"}, "numSpeculativeTokens": "auto",
-                    "draft": {"model": "pvc://drafts/draft", "speculationSchedule": schedule}}}  # fmt: skip
+    sdd = {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "SpecDecodeDeployment",
+        "metadata": {"name": "bench", "namespace": "bench", "uid": "bench", "generation": 1},
+        "spec": {
+            "target": {"model": "pvc://models/target"},
+            "numSpeculativeTokens": "auto",
+            "draft": {"model": "pvc://drafts/draft", "speculationSchedule": schedule},
+        },
+    }
     planned = plan_serving(sdd, ServingObserved(now=datetime.now(UTC)))
     vllm_args = next(o for o in planned.sync if o["kind"] == "Deployment")["spec"]["template"]["spec"][
         "containers"
@@ -87,8 +96,13 @@ def main() -> None:
     domains = prompt_domains(sweep_config.prompts, sweep_config.prompts_per_domain)
     logs = args.workspace / "logs"
     baseline = target_server(sweep_config.evaluate_config(1), "sweep-speedup-baseline-vllm", None)
-    auto = VLLMServer(sweep_config.target, log_path=logs / "sweep-speedup-auto-vllm.log", served_model_name="target",
-                      max_model_len=sweep_config.max_model_len, speculative_config=auto_config)  # fmt: skip
+    auto = VLLMServer(
+        sweep_config.target,
+        log_path=logs / "sweep-speedup-auto-vllm.log",
+        served_model_name="target",
+        max_model_len=sweep_config.max_model_len,
+        speculative_config=auto_config,
+    )
     load_before = load_average()
     try:
         for server in (baseline, auto):
@@ -107,12 +121,19 @@ def main() -> None:
         static = [s for s in sweep_record["measurements"] if s["concurrency"] == c]
         best_static = max(static, key=lambda s: s["speedup"] or 0)
         better = max(1.0, best_static["speedup"] or 0)  # no speculation is 1.0
-        rows.append({"concurrency": c, "auto_speedup": m["speedup"], "auto_tokens_per_second": m["tokens_per_second"],
-                     "baseline_tokens_per_second": m["baseline_tokens_per_second"],
-                     "schedule_k": k_at(schedule, c),
-                     "best_static_k": best_static["num_speculative_tokens"], "best_static_speedup": best_static["speedup"],
-                     "auto_vs_better_of_off_and_best_static": round(m["speedup"] / better, 3),
-                     "acceptance_length": m["acceptance_length"]})  # fmt: skip
+        rows.append(
+            {
+                "concurrency": c,
+                "auto_speedup": m["speedup"],
+                "auto_tokens_per_second": m["tokens_per_second"],
+                "baseline_tokens_per_second": m["baseline_tokens_per_second"],
+                "schedule_k": k_at(schedule, c),
+                "best_static_k": best_static["num_speculative_tokens"],
+                "best_static_speedup": best_static["speedup"],
+                "auto_vs_better_of_off_and_best_static": round(m["speedup"] / better, 3),
+                "acceptance_length": m["acceptance_length"],
+            }
+        )
     bars = {
         "c1_at_least_1.8x": next(r["auto_speedup"] for r in rows if r["concurrency"] == 1) >= 1.8
         if 1 in args.concurrency

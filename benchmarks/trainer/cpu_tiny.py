@@ -43,9 +43,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument(
-        "--compile", action=argparse.BooleanOptionalAction, default=None,
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="torch.compile the TTT loss (default: the trainer's default for the device)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = LlamaConfig(**TINY)

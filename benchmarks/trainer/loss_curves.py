@@ -30,8 +30,10 @@ def main() -> None:
     runs = [json.loads(Path(path).read_text())["ours"] for path in (args.first, args.second)]
     for run, path in zip(runs, (args.first, args.second), strict=True):
         run["global_rows"] = run["world_size"] * run.get("rows_per_rank", 1)
-        print(f"{path}: {run['world_size']} GPU(s) x {run.get('rows_per_rank', 1)} row(s), "
-              f"losses {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}")  # fmt: skip
+        print(
+            f"{path}: {run['world_size']} GPU(s) x {run.get('rows_per_rank', 1)} row(s), "
+            f"losses {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}"
+        )
     if runs[0]["global_rows"] != runs[1]["global_rows"]:
         sys.exit(f"unequal global batches: {runs[0]['global_rows']} and {runs[1]['global_rows']} rows")
     diffs = relative_differences(runs[0]["losses"], runs[1]["losses"])

@@ -82,9 +82,13 @@ def _contexts(config: EvaluateConfig, buckets: list[ContextBucket], url: str, mo
     if not buckets:
         return []
     return measure_buckets(
-        url, model, buckets, max_tokens=config.max_tokens, concurrency=config.concurrency,
+        url,
+        model,
+        buckets,
+        max_tokens=config.max_tokens,
+        concurrency=config.concurrency,
         num_speculative_tokens=config.num_speculative_tokens,
-    )  # fmt: skip
+    )
 
 
 def _measure_rounds(

@@ -61,11 +61,20 @@ class SweepConfig:
     def evaluate_config(self, k: int) -> EvaluateConfig:
         """evaluate's settings for the draft served at K = `k` (its servers and rounds)."""
         return EvaluateConfig(
-            workspace=self.workspace, target=self.target, checkpoint=self.checkpoint, prompts=self.prompts,
-            num_speculative_tokens=k, server=None, baseline_server=None, baseline="interleaved",
-            rounds=self.rounds, prompts_per_domain=self.prompts_per_domain, max_tokens=self.max_tokens,
-            concurrency=max(self.concurrency), max_model_len=self.max_model_len,
-        )  # fmt: skip
+            workspace=self.workspace,
+            target=self.target,
+            checkpoint=self.checkpoint,
+            prompts=self.prompts,
+            num_speculative_tokens=k,
+            server=None,
+            baseline_server=None,
+            baseline="interleaved",
+            rounds=self.rounds,
+            prompts_per_domain=self.prompts_per_domain,
+            max_tokens=self.max_tokens,
+            concurrency=max(self.concurrency),
+            max_model_len=self.max_model_len,
+        )
 
 
 def sweep_file(workspace: Workspace, draft_name: str) -> Path:
@@ -91,9 +100,11 @@ def measure_ladder(config: SweepConfig, k: int, urls: dict[str, str], domains: d
     measured = []
     for concurrency in config.concurrency:
         rounds: list[Round] = [
-            measure_round(side, urls[side], SERVED_NAME, domains, max_tokens=config.max_tokens, concurrency=concurrency)
+            measure_round(
+                side, urls[side], SERVED_NAME, domains, max_tokens=config.max_tokens, concurrency=concurrency
+            )
             for side in abba_order(config.rounds)
-        ]  # fmt: skip
+        ]
         candidate = summarise(pooled([r for r in rounds if r.side == CANDIDATE]), k)
         baseline = summarise(pooled([r for r in rounds if r.side == BASELINE]), k)
         speedup_at_k = speedup(candidate, baseline)

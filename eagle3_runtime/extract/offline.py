@@ -119,9 +119,13 @@ def write_offline_shards(
 ):
     """Append the samples of `records` not yet in `output_dir`; `samples_for(pairs)` computes them."""
     writer = ShardWriter(
-        output_dir, layer_ids=layer_ids, num_hidden_layers=num_hidden_layers, hidden_size=hidden_size,
-        samples_per_shard=samples_per_shard, target=target,
-    )  # fmt: skip
+        output_dir,
+        layer_ids=layer_ids,
+        num_hidden_layers=num_hidden_layers,
+        hidden_size=hidden_size,
+        samples_per_shard=samples_per_shard,
+        target=target,
+    )
     done = writer.samples_written
     if done:
         log.info("resuming extraction after %d samples", done)

@@ -82,9 +82,13 @@ def run(args: argparse.Namespace) -> StageResult:
     server = None
     if args.server is None:
         server = start_extraction_server(
-            target.path, layer_ids, config.num_hidden_layers, log_path=workspace.root / "logs" / "extract-vllm.log",
-            storage_dir=scratch.resolve(), max_model_len=args.max_length + 1,
-        )  # fmt: skip
+            target.path,
+            layer_ids,
+            config.num_hidden_layers,
+            log_path=workspace.root / "logs" / "extract-vllm.log",
+            storage_dir=scratch.resolve(),
+            max_model_len=args.max_length + 1,
+        )
     url = server.url if server else args.server
 
     def samples_for(pairs):
@@ -94,10 +98,15 @@ def run(args: argparse.Namespace) -> StageResult:
     try:
         write_offline_shards(
             samples_for,
-            records, output, layer_ids=layer_ids, num_hidden_layers=config.num_hidden_layers,
-            hidden_size=config.hidden_size, samples_per_shard=args.samples_per_shard,
-            reporter=ProgressReporter("extract", workspace.root), target=target,
-        )  # fmt: skip
+            records,
+            output,
+            layer_ids=layer_ids,
+            num_hidden_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            samples_per_shard=args.samples_per_shard,
+            reporter=ProgressReporter("extract", workspace.root),
+            target=target,
+        )
     finally:
         if server:
             server.stop()
@@ -111,10 +120,15 @@ def _serve_streaming(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
     server = start_extraction_server(
-        target, layer_ids, num_hidden_layers, log_path=workspace.root / "logs" / "extract-stream-vllm.log",
-        endpoint=f"tcp://*:{args.stream_port}", max_model_len=args.max_length + 1,
-        host="0.0.0.0", port=args.port,
-    )  # fmt: skip
+        target,
+        layer_ids,
+        num_hidden_layers,
+        log_path=workspace.root / "logs" / "extract-stream-vllm.log",
+        endpoint=f"tcp://*:{args.stream_port}",
+        max_model_len=args.max_length + 1,
+        host="0.0.0.0",
+        port=args.port,
+    )
     log.info(
         "streaming extraction server on port %d (states on %d); stop with SIGTERM",
         args.port,

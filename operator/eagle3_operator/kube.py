@@ -119,9 +119,13 @@ class Kube:
         metrics.API_REQUESTS.labels(verb).inc()
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, body, _ = self.api.param_serialize(
-            method=method, resource_path=path, query_params=query or [], header_params=headers, body=body,
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
             auth_settings=["BearerToken"],
-        )  # fmt: skip
+        )
         response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
         data = response.read()
         if response.status == 404:

@@ -32,25 +32,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = ControllerSettings()
     parser.add_argument("--workers", type=int, default=defaults.workers, help="objects reconciled at once")
     parser.add_argument(
-        "--resync-period", type=float, default=defaults.resync_period,
+        "--resync-period",
+        type=float,
+        default=defaults.resync_period,
         help="seconds: every object is reconciled at least this often (jittered down to 80 %%)",
-    )  # fmt: skip
+    )
     election = parser.add_argument_group("leader election (kube-controller-manager's flags)")
     election.add_argument(
-        "--leader-elect", action="store_true",
+        "--leader-elect",
+        action="store_true",
         help="reconcile only while holding a coordination.k8s.io Lease (run several replicas)",
-    )  # fmt: skip
-    election.add_argument("--leader-elect-lease-duration", type=float, default=15.0,
-                          help="seconds a standby waits after the last renewal before taking over")  # fmt: skip
-    election.add_argument("--leader-elect-renew-deadline", type=float, default=10.0,
-                          help="seconds the leader keeps trying to renew before it stops leading")  # fmt: skip
-    election.add_argument("--leader-elect-retry-period", type=float, default=2.0,
-                          help="seconds between renewals and between acquire attempts")  # fmt: skip
+    )
+    election.add_argument(
+        "--leader-elect-lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a standby waits after the last renewal before taking over",
+    )
+    election.add_argument(
+        "--leader-elect-renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds the leader keeps trying to renew before it stops leading",
+    )
+    election.add_argument(
+        "--leader-elect-retry-period",
+        type=float,
+        default=2.0,
+        help="seconds between renewals and between acquire attempts",
+    )
     election.add_argument("--leader-elect-resource-name", default="eagle3-operator", help="the Lease's name")
     election.add_argument(
-        "--leader-elect-resource-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
+        "--leader-elect-resource-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "default",
         help="the Lease's namespace (default: $POD_NAMESPACE, else default)",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 

@@ -162,9 +162,11 @@ def installed(
             bind_volume(cluster, work, DATA_CLAIM, create_claim=True)
         if operator_in_cluster:
             wait_until(
-                lambda: _leading_pod(cluster, system, deployment), timeout=180, interval=1,
+                lambda: _leading_pod(cluster, system, deployment),
+                timeout=180,
+                interval=1,
                 what=f"the chart's operator pod on the real node to lead (Lease {system}/{deployment})",
-            )  # fmt: skip
+            )
         else:
             # Leader election as the chart's Deployment runs it: the Lease in the release's namespace.
             election = ("--leader-elect", f"--leader-elect-resource-name={deployment}",

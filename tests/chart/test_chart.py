@@ -113,8 +113,10 @@ def test_cluster_wide_rbac(tmp_path):
     ]
     assert runtime_sa["metadata"]["namespace"] == runtime_binding["metadata"]["namespace"] == "team-c"
     assert runtime_binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "eagle3-eagle3-operator-runtime",
-    }  # fmt: skip
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "eagle3-eagle3-operator-runtime",
+    }
 
 
 def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
@@ -126,8 +128,11 @@ def test_namespaced_rbac_grants_nothing_outside_the_listed_namespaces(tmp_path):
     bindings = by_kind(objects, "RoleBinding")
     assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in bindings) == [
         ("eagle3-system", "Role"),  # the leader election Lease
-        ("team-a", "ClusterRole"), ("team-a", "Role"), ("team-b", "ClusterRole"), ("team-b", "Role"),
-    ]  # fmt: skip
+        ("team-a", "ClusterRole"),
+        ("team-a", "Role"),
+        ("team-b", "ClusterRole"),
+        ("team-b", "Role"),
+    ]
     # Cluster-scoped rights are read-only discovery, plus the runtime role (bound per namespace only);
     # the aggregated roles are bound by no one here (they extend admin/edit/view where those are bound).
     for role in by_kind(objects, "ClusterRole"):
@@ -179,10 +184,18 @@ def test_leader_election_pdb_and_a_single_replica_without_it(tmp_path):
 def test_operator_may_set_block_owner_deletion_on_its_children(tmp_path):
     """OwnerReferencesPermissionEnforcement (OpenShift) asks for `update` on the owner's finalizers."""
     for values in (VALUES_SETS["defaults"], VALUES_SETS["namespaced"]):
-        rules = [r for role in by_kind(render(tmp_path, *values), "ClusterRole") + by_kind(render(tmp_path, *values), "Role")
-                 if role["metadata"]["name"] == "eagle3-eagle3-operator" for r in role["rules"]]  # fmt: skip
-        assert {"apiGroups": ["eagle3.ai"], "resources": ["drafttrainings/finalizers", "specdecodedeployments/finalizers"],
-                "verbs": ["update"]} in rules  # fmt: skip
+        rules = [
+            r
+            for role in by_kind(render(tmp_path, *values), "ClusterRole")
+            + by_kind(render(tmp_path, *values), "Role")
+            if role["metadata"]["name"] == "eagle3-eagle3-operator"
+            for r in role["rules"]
+        ]
+        assert {
+            "apiGroups": ["eagle3.ai"],
+            "resources": ["drafttrainings/finalizers", "specdecodedeployments/finalizers"],
+            "verbs": ["update"],
+        } in rules
 
 
 def test_aggregated_roles_extend_admin_edit_and_view(tmp_path):
@@ -197,8 +210,11 @@ def test_aggregated_roles_extend_admin_edit_and_view(tmp_path):
     }
     assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in view["rules"])
     assert "create" in edit["rules"][0]["verbs"]
-    assert not [r for r in by_kind(render(tmp_path, {"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
-                if _aggregated(r)]  # fmt: skip
+    assert not [
+        r
+        for r in by_kind(render(tmp_path, {"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
+        if _aggregated(r)
+    ]
 
 
 def test_admission_policies(tmp_path):
@@ -305,15 +321,30 @@ BAD_VALUES = [
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"resources": {"requests": {"memory": None}}}, "memory"),  # null deletes the default
     ({"prometheusRule": {"rateWindow": "5 minutes"}}, "/prometheusRule/rateWindow"),
-    ({"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": 0.9}}}}, "/prometheusRule/alerts/acceptanceLengthLow/threshold"),
-    ({"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": "1.0"}}}}, "/prometheusRule/alerts/acceptanceLengthLow/threshold"),
-    ({"prometheusRule": {"alerts": {"trainingStalled": {"stalledAfterSeconds": 10}}}}, "/prometheusRule/alerts/trainingStalled/stalledAfterSeconds"),
-    ({"prometheusRule": {"alerts": {"servingUnavailable": {"severity": "page"}}}}, "/prometheusRule/alerts/servingUnavailable/severity"),
-    ({"metrics": {"serviceMonitor": {"additionalLabels": {"release": 1}}}}, "/metrics/serviceMonitor/additionalLabels/release"),
+    (
+        {"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": 0.9}}}},
+        "/prometheusRule/alerts/acceptanceLengthLow/threshold",
+    ),
+    (
+        {"prometheusRule": {"alerts": {"acceptanceLengthLow": {"threshold": "1.0"}}}},
+        "/prometheusRule/alerts/acceptanceLengthLow/threshold",
+    ),
+    (
+        {"prometheusRule": {"alerts": {"trainingStalled": {"stalledAfterSeconds": 10}}}},
+        "/prometheusRule/alerts/trainingStalled/stalledAfterSeconds",
+    ),
+    (
+        {"prometheusRule": {"alerts": {"servingUnavailable": {"severity": "page"}}}},
+        "/prometheusRule/alerts/servingUnavailable/severity",
+    ),
+    (
+        {"metrics": {"serviceMonitor": {"additionalLabels": {"release": 1}}}},
+        "/metrics/serviceMonitor/additionalLabels/release",
+    ),
     ({"grafana": {"dashboards": {"labelValue": 1}}}, "/grafana/dashboards/labelValue"),
     ({"operator": {"verbose": "yes"}}, "/operator/verbose"),
     ({"runtime": {"image": {"repository": "x"}}}, "image"),  # the runtime image is per DraftTraining
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("values", "field"), BAD_VALUES, ids=[field for _, field in BAD_VALUES])

@@ -132,8 +132,11 @@ def test_the_drafttraining_example_says_how_to_get_its_service_account(cluster, 
     namespace = re.search(r"kubectl -n (\S+) create secret", path.read_text()).group(1)
 
     def runtime_accounts(objects):
-        return [(sa["metadata"]["namespace"], sa["metadata"]["name"]) for sa in by_kind(objects, "ServiceAccount")
-                if sa["metadata"]["name"] == account]  # fmt: skip
+        return [
+            (sa["metadata"]["namespace"], sa["metadata"]["name"])
+            for sa in by_kind(objects, "ServiceAccount")
+            if sa["metadata"]["name"] == account
+        ]
 
     assert runtime_accounts(render(tmp_path)) == [], (
         "a default install creates it nowhere: the example must say"
@@ -280,8 +283,15 @@ def test_drafttraining_example_trains_on_mi300x_nodes_and_the_serving_example_ro
             )
             for stage, pods in by_stage.items()
         }
-        assert gpus == {"generate": [0], "target": [1], "extract": [1], "train": [8], "evaluate": [1, 1],
-                        "select": [0], "export": [0]}  # fmt: skip
+        assert gpus == {
+            "generate": [0],
+            "target": [1],
+            "extract": [1],
+            "train": [8],
+            "evaluate": [1, 1],
+            "select": [0],
+            "export": [0],
+        }
         (train,) = by_stage["train"]
         assert train["spec"]["containers"][0]["command"][:4] == [
             "torchrun", "--nnodes=1", "--nproc-per-node=8", "--standalone",

@@ -22,9 +22,24 @@ from tests.support.cluster import REPO_ROOT
 IMAGES = REPO_ROOT / "images"
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 INSTRUCTIONS = {
-    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
-    "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
-}  # fmt: skip
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+}
 STAGE_COMMAND = re.compile(r"^eagle3 ([a-z]+) ", re.MULTILINE)
 
 

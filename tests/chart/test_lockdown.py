@@ -155,10 +155,19 @@ def test_children_block_owner_deletion_under_owner_reference_enforcement(locked)
         ]
     )
     plain = AsServiceAccount(cluster, work, "plain", locked.as_operator.workdir)
-    reference = {"apiVersion": "eagle3.ai/v1alpha1", "kind": "DraftTraining", "name": "owner",
-                 "uid": training["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": "child", "namespace": work, "ownerReferences": [reference]}}  # fmt: skip
+    reference = {
+        "apiVersion": "eagle3.ai/v1alpha1",
+        "kind": "DraftTraining",
+        "name": "owner",
+        "uid": training["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "child", "namespace": work, "ownerReferences": [reference]},
+    }
     result = plain.kubectl("create", "-f", "-", input=json.dumps(configmap))
     assert result.returncode != 0 and "cannot set blockOwnerDeletion" in result.stderr, result.stderr
     configmap["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = False

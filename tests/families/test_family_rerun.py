@@ -26,7 +26,8 @@ def test_a_fresh_run_measures_what_the_doc_says(family, tmp_path):
     recorded = next(r for r in json.loads(RESULTS.read_text()) if r["family"] == family)
     prompts = tmp_path / "prompts"
     write_prompt_sets(prompts)
-    fresh = run_family(family, tmp_path / family, prompts, pipeline=bool(recorded["stages"]),
-                       spec=recorded_spec(recorded))  # fmt: skip
+    fresh = run_family(
+        family, tmp_path / family, prompts, pipeline=bool(recorded["stages"]), spec=recorded_spec(recorded)
+    )
     print(f"\n{family}: measured {fresh['measured']}")
     assert render_matrix([fresh]) == render_matrix([recorded])

@@ -53,9 +53,15 @@ def test_compiled_flex_loss_equals_the_eager_reference(num_layers, loss_chunk_ro
         draft.d2t.copy_(vocab.d2t)
         draft.t2d.copy_(vocab.t2d)
         loss, stats = draft(
-            batch, loss_fn=loss_fn, steps=4, decay=0.8, draft_ids=vocab.used_ids.cuda(),
-            attention_backend=attention, gather_counted=False, loss_chunk_rows=chunk_rows,
-        )  # fmt: skip
+            batch,
+            loss_fn=loss_fn,
+            steps=4,
+            decay=0.8,
+            draft_ids=vocab.used_ids.cuda(),
+            attention_backend=attention,
+            gather_counted=False,
+            loss_chunk_rows=chunk_rows,
+        )
         loss.backward()
         grads = {name: p.grad for name, p in draft.named_parameters() if p.grad is not None}
         results.append((loss.detach(), stats.as_tensor(), grads))

@@ -78,11 +78,21 @@ def test_pod_monitor_relabelling_follows_prometheus_operator():
     assert config["relabel_configs"] == [
         {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
         {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
-        {"action": "keep", "source_labels": [f"{label}app_kubernetes_io_name", f"{present}app_kubernetes_io_name"],
-         "regex": "(vllm);true"},
-        {"action": "keep", "source_labels": [f"{label}tier", f"{present}tier"], "regex": "(serve|canary);true"},
-        {"action": "drop", "source_labels": [f"{label}eagle3_ai_paused", f"{present}eagle3_ai_paused"],
-         "regex": "(true);true"},
+        {
+            "action": "keep",
+            "source_labels": [f"{label}app_kubernetes_io_name", f"{present}app_kubernetes_io_name"],
+            "regex": "(vllm);true",
+        },
+        {
+            "action": "keep",
+            "source_labels": [f"{label}tier", f"{present}tier"],
+            "regex": "(serve|canary);true",
+        },
+        {
+            "action": "drop",
+            "source_labels": [f"{label}eagle3_ai_paused", f"{present}eagle3_ai_paused"],
+            "regex": "(true);true",
+        },
         {"action": "keep", "source_labels": [f"{present}eagle3_ai_spec_decode_deployment"], "regex": "true"},
         {"action": "drop", "source_labels": [f"{present}legacy"], "regex": "true"},
         {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http"},
@@ -91,11 +101,15 @@ def test_pod_monitor_relabelling_follows_prometheus_operator():
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         {"source_labels": [f"{label}tier"], "target_label": "tier", "regex": "(.+)", "replacement": "${1}"},
         {"target_label": "job", "replacement": "monitoring/vllm"},
-        {"source_labels": [f"{label}app_kubernetes_io_name"], "target_label": "job", "regex": "(.+)",
-         "replacement": "${1}"},
+        {
+            "source_labels": [f"{label}app_kubernetes_io_name"],
+            "target_label": "job",
+            "regex": "(.+)",
+            "replacement": "${1}",
+        },
         {"target_label": "endpoint", "replacement": "http"},
         {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node", "action": "replace"},
-    ]  # fmt: skip
+    ]
     assert config["metric_relabel_configs"] == [
         {"source_labels": ["__name__"], "regex": "go_.*", "action": "drop"}
     ]
@@ -119,22 +133,42 @@ def test_service_monitor_relabelling_follows_prometheus_operator():
     ]
     assert config["relabel_configs"] == [
         {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
-        {"action": "keep", "source_labels": ["__meta_kubernetes_service_label_app",
-                                             "__meta_kubernetes_service_labelpresent_app"], "regex": "(op);true"},
+        {
+            "action": "keep",
+            "source_labels": [
+                "__meta_kubernetes_service_label_app",
+                "__meta_kubernetes_service_labelpresent_app",
+            ],
+            "regex": "(op);true",
+        },
         {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": "metrics"},
-        {"source_labels": target, "separator": ";", "regex": "Node;(.*)", "replacement": "${1}",
-         "target_label": "node"},
-        {"source_labels": target, "separator": ";", "regex": "Pod;(.*)", "replacement": "${1}",
-         "target_label": "pod"},
+        {
+            "source_labels": target,
+            "separator": ";",
+            "regex": "Node;(.*)",
+            "replacement": "${1}",
+            "target_label": "node",
+        },
+        {
+            "source_labels": target,
+            "separator": ";",
+            "regex": "Pod;(.*)",
+            "replacement": "${1}",
+            "target_label": "pod",
+        },
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-        {"source_labels": ["__meta_kubernetes_service_label_team"], "target_label": "team", "regex": "(.+)",
-         "replacement": "${1}"},
+        {
+            "source_labels": ["__meta_kubernetes_service_label_team"],
+            "target_label": "team",
+            "regex": "(.+)",
+            "replacement": "${1}",
+        },
         {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
         {"target_label": "endpoint", "replacement": "metrics"},
-    ]  # fmt: skip
+    ]
 
     monitor["spec"]["serviceDiscoveryRole"] = "EndpointSlice"
     (config,) = scrape_configs(monitor)
@@ -206,15 +240,35 @@ def test_prometheus_selects_what_the_api_server_selects(cluster, namespace, tmp_
     other = cluster.create_namespace()
     try:
         variants = {
-            "match": {"app.kubernetes.io/name": "vllm", "tier": "serve", "eagle3.ai/spec-decode-deployment": "a"},
-            "canary": {"app.kubernetes.io/name": "vllm", "tier": "canary", "eagle3.ai/spec-decode-deployment": "b"},
-            "paused": {"app.kubernetes.io/name": "vllm", "tier": "serve", "eagle3.ai/spec-decode-deployment": "c",
-                       "eagle3.ai/paused": "true"},
-            "legacy": {"app.kubernetes.io/name": "vllm", "tier": "serve", "eagle3.ai/spec-decode-deployment": "d",
-                       "legacy": "yes"},
+            "match": {
+                "app.kubernetes.io/name": "vllm",
+                "tier": "serve",
+                "eagle3.ai/spec-decode-deployment": "a",
+            },
+            "canary": {
+                "app.kubernetes.io/name": "vllm",
+                "tier": "canary",
+                "eagle3.ai/spec-decode-deployment": "b",
+            },
+            "paused": {
+                "app.kubernetes.io/name": "vllm",
+                "tier": "serve",
+                "eagle3.ai/spec-decode-deployment": "c",
+                "eagle3.ai/paused": "true",
+            },
+            "legacy": {
+                "app.kubernetes.io/name": "vllm",
+                "tier": "serve",
+                "eagle3.ai/spec-decode-deployment": "d",
+                "legacy": "yes",
+            },
             "no-sdd": {"app.kubernetes.io/name": "vllm", "tier": "serve"},
-            "other-app": {"app.kubernetes.io/name": "web", "tier": "serve", "eagle3.ai/spec-decode-deployment": "e"},
-        }  # fmt: skip
+            "other-app": {
+                "app.kubernetes.io/name": "web",
+                "tier": "serve",
+                "eagle3.ai/spec-decode-deployment": "e",
+            },
+        }
         for ns in (namespace, other):
             for name, labels in variants.items():
                 container = {
@@ -222,16 +276,24 @@ def test_prometheus_selects_what_the_api_server_selects(cluster, namespace, tmp_
                     "image": "vllm",
                     "ports": [{"name": "http", "containerPort": 8000}],
                 }
-                manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-                            "spec": {"containers": [container, {"name": "sidecar", "image": "sidecar"}]}}  # fmt: skip
+                manifest = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {"containers": [container, {"name": "sidecar", "image": "sidecar"}]},
+                }
                 cluster.apply(manifest, namespace=ns)
         monitor = pod_monitor({"matchNames": [namespace]})
         monitor["metadata"]["namespace"] = namespace
         selector = ",".join(
             [f"{k}={v}" for k, v in POD_SELECTOR["matchLabels"].items()]
-            + ["tier in (serve,canary)", "eagle3.ai/paused notin (true)", "eagle3.ai/spec-decode-deployment",
-               "!legacy"]
-        )  # fmt: skip
+            + [
+                "tier in (serve,canary)",
+                "eagle3.ai/paused notin (true)",
+                "eagle3.ai/spec-decode-deployment",
+                "!legacy",
+            ]
+        )
         query = urllib.parse.urlencode({"labelSelector": selector})
         pods = cluster.request("GET", f"/api/v1/namespaces/{namespace}/pods?{query}")["items"]
         expected = {p["metadata"]["name"] for p in pods}

@@ -68,10 +68,22 @@ def test_the_api_server_refuses_or_prunes_what_the_real_service_monitor_schema_d
         assert cluster.request("GET", f"{path}/pruned")["spec"]["endpoints"] == [{"port": "http"}]
 
         invalid = {
-            "a number for a duration": ({"interval": 30}, "spec.endpoints[0].interval", "must be of type string"),
-            "an unparsable duration": ({"scrapeTimeout": "10 seconds"}, "spec.endpoints[0].scrapeTimeout", "should match"),
-            "a scheme Prometheus lacks": ({"scheme": "ftp"}, "spec.endpoints[0].scheme", 'Unsupported value: "ftp"'),
-        }  # fmt: skip
+            "a number for a duration": (
+                {"interval": 30},
+                "spec.endpoints[0].interval",
+                "must be of type string",
+            ),
+            "an unparsable duration": (
+                {"scrapeTimeout": "10 seconds"},
+                "spec.endpoints[0].scrapeTimeout",
+                "should match",
+            ),
+            "a scheme Prometheus lacks": (
+                {"scheme": "ftp"},
+                "spec.endpoints[0].scheme",
+                'Unsupported value: "ftp"',
+            ),
+        }
         for what, (endpoint, field, message) in invalid.items():
             with pytest.raises(ApiError) as refused:
                 cluster.request("POST", path, _service_monitor("invalid", **endpoint))

@@ -71,8 +71,16 @@ def finished_job(desired: dict[str, Any], *, ok: bool, at: datetime = NOW) -> di
     return obj
 
 
-def job_pod(job: dict[str, Any], *, phase: str, message: str | None, reason: str = "Completed",
-            exit_code: int = 0, index: int = 0, annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def job_pod(
+    job: dict[str, Any],
+    *,
+    phase: str,
+    message: str | None,
+    reason: str = "Completed",
+    exit_code: int = 0,
+    index: int = 0,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     name = job["metadata"]["name"]
     terminated = {"exitCode": exit_code, "reason": reason, "finishedAt": NOW.strftime("%Y-%m-%dT%H:%M:%SZ")}
     if message is not None:
@@ -181,6 +189,11 @@ def stage_metrics(stage: str, job: str, total_steps: int = 100) -> dict[str, Any
     if stage == "quantize":
         return {"digest": QUANTIZE_DIGEST}
     if stage == "sweep":
-        return {"schedule": [[1, 2, 4], [3, 16, 0]], "num_speculative_tokens": 4, "best_concurrency": [1, 2, 4, 16],
-                "best_k": [4, 4, 0, 0], "best_speedup": [1.7, 1.4, 1.0, 1.0]}  # fmt: skip
+        return {
+            "schedule": [[1, 2, 4], [3, 16, 0]],
+            "num_speculative_tokens": 4,
+            "best_concurrency": [1, 2, 4, 16],
+            "best_k": [4, 4, 0, 0],
+            "best_speedup": [1.7, 1.4, 1.0, 1.0],
+        }
     return {}

@@ -30,9 +30,17 @@ CRD_DIR = REPO / "crds"
 GROUP_PATH = "/apis/eagle3.ai/v1alpha1"
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE"}
 WATCHED_RESOURCES = {
-    "drafttrainings", "specdecodedeployments", "jobs", "pods", "deployments", "services",
-    "persistentvolumeclaims", "events", "servicemonitors", "podmonitors",
-}  # fmt: skip
+    "drafttrainings",
+    "specdecodedeployments",
+    "jobs",
+    "pods",
+    "deployments",
+    "services",
+    "persistentvolumeclaims",
+    "events",
+    "servicemonitors",
+    "podmonitors",
+}
 
 
 def install_crds(cluster: LocalCluster) -> None:
@@ -169,7 +177,7 @@ def bind_volume(cluster: LocalCluster, namespace: str, claim: str, *, create_cla
                     "accessModes": ["ReadWriteOnce"],
                     "resources": {"requests": {"storage": "1Gi"}},
                     "storageClassName": "",
-                },  # fmt: skip
+                },
             },
         )
 

@@ -56,9 +56,13 @@ def test_a_write_waits_while_the_api_server_has_not_discovered_the_owner_kind():
     """Seen on the test bed (tests/chart/test_install.py): right after the chart installed the CRDs,
     OwnerReferencesPermissionEnforcement refused children with blockOwnerDeletion for seconds. Such a
     write is deferred (tried again soon), not reported as a refusal; any other refusal is."""
-    undiscovered = ApiError(403, "forbidden", 'deployments.apps "serve" is forbidden: cannot set blockOwnerDeletion '
-                            "in this case because cannot find RESTMapping for APIVersion eagle3.ai/v1alpha1 Kind "
-                            'SpecDecodeDeployment: no matches for kind "SpecDecodeDeployment"')  # fmt: skip
+    undiscovered = ApiError(
+        403,
+        "forbidden",
+        'deployments.apps "serve" is forbidden: cannot set blockOwnerDeletion '
+        "in this case because cannot find RESTMapping for APIVersion eagle3.ai/v1alpha1 Kind "
+        'SpecDecodeDeployment: no matches for kind "SpecDecodeDeployment"',
+    )
     quota = ApiError(403, "forbidden", 'services "serve" is forbidden: exceeded quota')
 
     class Refusing:

@@ -20,17 +20,30 @@ def _canary(name: str, sdd_replicas: int | None, **canary) -> dict:
 @pytest.mark.parametrize(
     "body,expected",
     [
-        pytest.param(_canary("one", None), "rollout.strategy Canary needs replicas above rollout.canary.replicas",
-                     id="default-replicas"),
-        pytest.param(_canary("all", 2, replicas=2), "rollout.strategy Canary needs replicas above", id="no-stable"),
-        pytest.param(_canary("short", 3, analysisSeconds=5), "spec.rollout.canary.analysisSeconds", id="window"),
-        pytest.param(_canary("gate", 3, gates={"maxLatencyRatio": 0.5}), "spec.rollout.canary.gates.maxLatencyRatio",
-                     id="latency-gate"),
+        pytest.param(
+            _canary("one", None),
+            "rollout.strategy Canary needs replicas above rollout.canary.replicas",
+            id="default-replicas",
+        ),
+        pytest.param(
+            _canary("all", 2, replicas=2), "rollout.strategy Canary needs replicas above", id="no-stable"
+        ),
+        pytest.param(
+            _canary("short", 3, analysisSeconds=5), "spec.rollout.canary.analysisSeconds", id="window"
+        ),
+        pytest.param(
+            _canary("gate", 3, gates={"maxLatencyRatio": 0.5}),
+            "spec.rollout.canary.gates.maxLatencyRatio",
+            id="latency-gate",
+        ),
         pytest.param(_canary("promo", 3, promotion="Later"), "spec.rollout.canary.promotion", id="promotion"),
-        pytest.param(_canary("strategy", 3) | {"spec": fakes.spec_decode(rollout={"strategy": "BlueGreen"})["spec"]},
-                     "spec.rollout.strategy", id="strategy"),
+        pytest.param(
+            _canary("strategy", 3) | {"spec": fakes.spec_decode(rollout={"strategy": "BlueGreen"})["spec"]},
+            "spec.rollout.strategy",
+            id="strategy",
+        ),
     ],
-)  # fmt: skip
+)
 def test_api_server_refuses_a_canary_it_cannot_run(
     crds: LocalCluster, namespace: str, body: dict, expected: str
 ):

@@ -121,8 +121,12 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
     start_operator(ns)
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest(ns)))
-    wait_until(lambda: _ready_replicas(cluster, ns) == 2, timeout=VLLM_START_TIMEOUT_S, interval=2,
-               what="2 ready vLLM pods")  # fmt: skip
+    wait_until(
+        lambda: _ready_replicas(cluster, ns) == 2,
+        timeout=VLLM_START_TIMEOUT_S,
+        interval=2,
+        what="2 ready vLLM pods",
+    )
     print(f"stable track ready after {time.monotonic() - started:.0f} s")
 
     service = cluster.request("GET", f"/api/v1/namespaces/{ns}/services/{SDD}")
@@ -136,10 +140,16 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
         # The bad draft: rolled back by the analysis, before its window is full.
         phase_started = time.monotonic()
         _set_draft(cluster, ns, "pvc://drafts/bad")
-        body = wait_until(lambda: _with(cluster, ns, "RolledBack", "True"), timeout=VLLM_START_TIMEOUT_S + 120,
-                          interval=2, what="RolledBack True")  # fmt: skip
-        print(f"bad draft rolled back {time.monotonic() - phase_started:.0f} s after the change; "
-              f"status.canary {body['status']['canary']}")  # fmt: skip
+        body = wait_until(
+            lambda: _with(cluster, ns, "RolledBack", "True"),
+            timeout=VLLM_START_TIMEOUT_S + 120,
+            interval=2,
+            what="RolledBack True",
+        )
+        print(
+            f"bad draft rolled back {time.monotonic() - phase_started:.0f} s after the change; "
+            f"status.canary {body['status']['canary']}"
+        )
         canary = body["status"]["canary"]
         assert canary["phase"] == "RolledBack" and canary["draft"]["uri"] == "pvc://drafts/bad"
         assert canary["canary"]["windowSeconds"] < ANALYSIS_S, "decided within the window"
@@ -147,32 +157,53 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
         assert canary["canary"]["requests"] > 0, "the canary served through the Service"
         (rejected,) = body["status"]["rejectedDrafts"]
         assert (rejected["uri"], rejected["phase"], rejected["reason"]) == (
-            "pvc://drafts/bad", "Canary", "AcceptanceBelowGate")  # fmt: skip
+            "pvc://drafts/bad",
+            "Canary",
+            "AcceptanceBelowGate",
+        )
         assert rejected["message"].startswith("acceptance length canary 1.000 / stable ")
         assert condition(body, "CanaryProgressing")["reason"] == "RolledBack"
         events = [(e["type"], e["reason"]) for e in events_of(cluster, ns, SDD)]
         assert ("Normal", "CanaryStarted") in events and ("Warning", "CanaryRolledBack") in events
-        wait_until(lambda: _deployment_replicas(cluster, ns) == {SDD: 2, f"{SDD}-canary": 0}, timeout=60,
-                   interval=1, what="stable back at 2 replicas, the canary at 0")  # fmt: skip
+        wait_until(
+            lambda: _deployment_replicas(cluster, ns) == {SDD: 2, f"{SDD}-canary": 0},
+            timeout=60,
+            interval=1,
+            what="stable back at 2 replicas, the canary at 0",
+        )
 
         # The good draft: promoted after a full window; the stable track moves to it.
         phase_started = time.monotonic()
         _set_draft(cluster, ns, "pvc://drafts/good")
-        body = wait_until(lambda: _with(cluster, ns, "Promoted", "True"), timeout=2 * VLLM_START_TIMEOUT_S,
-                          interval=2, what="Promoted True")  # fmt: skip
-        print(f"good draft promoted {time.monotonic() - phase_started:.0f} s after the change; "
-              f"status.canary {body['status']['canary']}")  # fmt: skip
+        body = wait_until(
+            lambda: _with(cluster, ns, "Promoted", "True"),
+            timeout=2 * VLLM_START_TIMEOUT_S,
+            interval=2,
+            what="Promoted True",
+        )
+        print(
+            f"good draft promoted {time.monotonic() - phase_started:.0f} s after the change; "
+            f"status.canary {body['status']['canary']}"
+        )
         canary = body["status"]["canary"]
         assert canary["phase"] == "Promoted" and canary["reason"] == "GatesPassed"
         assert canary["canary"]["windowSeconds"] >= 0.9 * ANALYSIS_S
         assert body["status"]["resolvedDraft"]["uri"] == "pvc://drafts/good"
         assert len(body["status"]["rejectedDrafts"]) == 1
         assert ("Normal", "CanaryPromoted") in [(e["type"], e["reason"]) for e in events_of(cluster, ns, SDD)]
-        wait_until(lambda: _deployment_replicas(cluster, ns) == {SDD: 2}, timeout=60, interval=1,
-                   what="the canary Deployment gone, stable at 2 replicas")  # fmt: skip
+        wait_until(
+            lambda: _deployment_replicas(cluster, ns) == {SDD: 2},
+            timeout=60,
+            interval=1,
+            what="the canary Deployment gone, stable at 2 replicas",
+        )
         answered_before = _results(cluster, ns)[0]
-        wait_until(lambda: _results(cluster, ns)[0] >= answered_before + 3, timeout=120, interval=1,
-                   what="answers after the promotion")  # fmt: skip
+        wait_until(
+            lambda: _results(cluster, ns)[0] >= answered_before + 3,
+            timeout=120,
+            interval=1,
+            what="answers after the promotion",
+        )
     except BaseException:
         _print_diagnosis(cluster, ns)
         raise
@@ -190,8 +221,9 @@ def _start_client(cluster, namespace: str, base: str, prompts: list[str]) -> Non
         "imagePullPolicy": "Never",
         "command": ["python", "-c", CLIENT_SCRIPT, base, json.dumps(prompts), str(MAX_TOKENS)],
     }
-    spec = realnode.on_real_node({"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
-                                  "containers": [container]})  # fmt: skip
+    spec = realnode.on_real_node(
+        {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [container]}
+    )
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": CLIENT}, "spec": spec}
     cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
 

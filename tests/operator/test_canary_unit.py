@@ -81,7 +81,7 @@ def test_analyse_waits_for_drafts_rolls_back_early_and_promotes_after_a_full_win
     # As good as stable: not decided before the window is full, promoted after.
     same = _counters(1000, (590, 310))
     assert analyse(_sample(same, seconds=100), stable, spec).reason == "Analyzing"
-    assert analyse(_sample(same), stable, spec) .decision == "Pass"  # fmt: skip
+    assert analyse(_sample(same), stable, spec).decision == "Pass"
 
     # Slightly worse on the point estimate but within noise: judged on the estimate at the window's end.
     slightly = _counters(300, (140, 60))  # 1.667 / 1.9 = 0.877 < 0.9
@@ -331,9 +331,13 @@ def test_a_canary_that_cannot_start_is_rolled_back_without_waiting_for_data(fail
         expected = "ValueError: draft hidden size 64"
     else:
         cluster.deployments["chat-canary"]["status"]["conditions"] = [
-            {"type": "Progressing", "status": "False", "reason": failure,
-             "message": 'ReplicaSet "chat-canary-1" has timed out progressing.'}
-        ]  # fmt: skip
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": failure,
+                "message": 'ReplicaSet "chat-canary-1" has timed out progressing.',
+            }
+        ]
         expected = "has timed out progressing"
     rolled_back = cluster.reconcile()
     assert {n: d["spec"]["replicas"] for n, d in _tracks(rolled_back).items()} == {

@@ -112,8 +112,12 @@ def test_each_object_works_in_its_own_directory_and_keeps_it():
     assert plan.status["export"]["path"].startswith("runs/uid-1/export/sha256-")
     # An object that started before there were per-object directories keeps the claim's root.
     legacy = fakes.draft_training()
-    legacy["status"] = {"phase": "Running", "stages": [{"name": "generate", "state": "Running", "attempt": 0,
-                                                        "jobs": ["llama-generate"], "message": ""}]}  # fmt: skip
+    legacy["status"] = {
+        "phase": "Running",
+        "stages": [
+            {"name": "generate", "state": "Running", "attempt": 0, "jobs": ["llama-generate"], "message": ""}
+        ],
+    }
     plan = plan_training(legacy, TrainingObserved(now=fakes.NOW))
     assert plan.status["workspacePath"] == "" and plan.status["restart"] == 0
 

@@ -236,8 +236,11 @@ def test_the_trainer_command_starts_torchrun_on_one_node_and_on_several(nodes, g
     from torch.distributed.run import config_from_args, get_args_parser
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torchrun sets it in its own process when missing
-    spec = {"training": {"steps": 100, "checkpointEvery": 50, "nodes": nodes, "gpusPerNode": gpus},
-            "hiddenStates": {"mode": "online"}, "storage": {"accessModes": ["ReadWriteMany"]}}  # fmt: skip
+    spec = {
+        "training": {"steps": 100, "checkpointEvery": 50, "nodes": nodes, "gpusPerNode": gpus},
+        "hiddenStates": {"mode": "online"},
+        "storage": {"accessModes": ["ReadWriteMany"]},
+    }
     cluster = Cluster(fakes.draft_training(**spec))
     cluster.reconcile()
     cluster.reconcile()

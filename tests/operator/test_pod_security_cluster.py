@@ -22,8 +22,10 @@ from tests.operator.test_training_unit import Cluster
 from tests.support.cluster import LocalCluster, wait_until
 
 # Multi-GPU servers and trainers: where RCCL might want the Unconfined seccomp profile.
-MULTI_GPU = {"target": {"model": "org/m", "gpus": 2, "tensorParallelSize": 2}, "training": {"steps": 100,
-             "checkpointEvery": 50, "gpusPerNode": 2}}  # fmt: skip
+MULTI_GPU = {
+    "target": {"model": "org/m", "gpus": 2, "tensorParallelSize": 2},
+    "training": {"steps": 100, "checkpointEvery": 50, "gpusPerNode": 2},
+}
 VLLM_IMAGE_PODS = {"llama-target", "chat"}  # the vLLM image runs as root
 RUNTIME_CPU_PODS = {"llama-generate", "llama-select", "llama-export", "llama-quantize"}
 RUNTIME_GPU_PODS = {"llama-stream", "llama-train", "llama-eval-50", "llama-eval-100"}

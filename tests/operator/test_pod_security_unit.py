@@ -47,8 +47,10 @@ def test_every_container_drops_capabilities_and_privilege_escalation_and_gets_pu
 
 def test_unconfined_seccomp_only_for_multi_gpu_pods_when_asked():
     unconfined = {"podSecurity": {"multiGpuSeccompProfile": "Unconfined"}}
-    training = {"target": {"model": "org/m", "gpus": 1}, "training": {"steps": 100, "checkpointEvery": 50,
-                "gpusPerNode": 4}} | unconfined  # fmt: skip
+    training = {
+        "target": {"model": "org/m", "gpus": 1},
+        "training": {"steps": 100, "checkpointEvery": 50, "gpusPerNode": 4},
+    } | unconfined
     serving = {"target": {"model": "org/m", "gpus": 2, "tensorParallelSize": 2}} | unconfined
     profiles = {
         name: pod["securityContext"]["seccompProfile"]["type"]

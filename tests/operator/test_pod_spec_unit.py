@@ -48,8 +48,17 @@ def test_users_env_reaches_every_container_of_a_training_once_per_name():
     env = [AITER_OFF, EXTRA, TOKEN_FROM_CONFIG]
     cluster = _streaming_run(target={"model": "org/m", "env": env, "hfTokenSecret": {"name": "hf"}})
     specs = _pod_specs(cluster)
-    assert set(specs) == {"llama-target", "llama-stream", "llama-generate", "llama-train", "llama-eval-50",
-                          "llama-eval-100", "llama-select", "llama-export", "llama-quantize"}  # fmt: skip
+    assert set(specs) == {
+        "llama-target",
+        "llama-stream",
+        "llama-generate",
+        "llama-train",
+        "llama-eval-50",
+        "llama-eval-100",
+        "llama-select",
+        "llama-export",
+        "llama-quantize",
+    }
     for name, pod in specs.items():
         (container,) = pod["containers"]
         names = Counter(e["name"] for e in container["env"])
@@ -107,9 +116,14 @@ def test_the_workspace_write_probe_is_shaped_like_a_stage_pod():
     pods' user, fsGroup and workspace claim, and a command that writes to the workspace."""
     pod = workspace_write_pod("ml", "fresh-claim")
     spec = pod["spec"]
-    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 0, "fsGroup": 0,
-                                       "fsGroupChangePolicy": "OnRootMismatch",
-                                       "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 0,
+        "fsGroup": 0,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert spec["restartPolicy"] == "Never"
     (volume,) = [v for v in spec["volumes"] if v["name"] == "workspace"]
     assert volume["persistentVolumeClaim"]["claimName"] == "fresh-claim"

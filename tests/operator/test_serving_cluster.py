@@ -54,8 +54,11 @@ def _check_serving(cluster, ns, start_operator) -> None:
     cluster.request("POST", spec_decode_path(ns), _body(ns, numSpeculativeTokens=4))
 
     deployment = wait_until(lambda: _deployment(cluster, ns), timeout=30, what="vLLM Deployment")
-    assert _speculative_config(deployment) == {"method": "eagle3", "model": "/models/draft/llama-eagle3",
-                                                "num_speculative_tokens": 4}  # fmt: skip
+    assert _speculative_config(deployment) == {
+        "method": "eagle3",
+        "model": "/models/draft/llama-eagle3",
+        "num_speculative_tokens": 4,
+    }
     args = _args(deployment)
     assert args[0] == "meta-llama/Llama-3.1-8B-Instruct"
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
@@ -157,8 +160,11 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     # The export's versioned directory (named by its digest), never a path a later export rewrites.
     # In the training's own directory of its workspace claim.
     export = f"runs/{training['metadata']['uid']}/export/{export_version(fakes.EXPORT_DIGEST)}"
-    assert _speculative_config(rolled) == {"method": "eagle3", "model": f"/models/draft/{export}",
-                                            "num_speculative_tokens": 3}  # fmt: skip
+    assert _speculative_config(rolled) == {
+        "method": "eagle3",
+        "model": f"/models/draft/{export}",
+        "num_speculative_tokens": 3,
+    }
     volume = next(v for v in rolled["spec"]["template"]["spec"]["volumes"] if v["name"] == "draft-model")
     assert volume["persistentVolumeClaim"] == {"claimName": "llama-workspace", "readOnly": True}
     assert (
@@ -223,12 +229,17 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     assert scaled["status"]["resolvedDraft"] == pinned
 
     # A change of spec.draft resets the pin.
-    cluster.request("PATCH", spec_decode_path(ns, "chat"), {"spec": {"draft": {
-        "fromDraftTraining": None, "model": "pvc://drafts/llama-eagle3"}}})  # fmt: skip
+    cluster.request(
+        "PATCH",
+        spec_decode_path(ns, "chat"),
+        {"spec": {"draft": {"fromDraftTraining": None, "model": "pvc://drafts/llama-eagle3"}}},
+    )
     direct = _draft_resolved_reason(cluster, ns, "FromSpec")
     assert direct["status"]["resolvedDraft"] == {
-        "model": "/models/draft/llama-eagle3", "uri": "pvc://drafts/llama-eagle3", "source": "spec.draft.model"
-    }  # fmt: skip
+        "model": "/models/draft/llama-eagle3",
+        "uri": "pvc://drafts/llama-eagle3",
+        "source": "spec.draft.model",
+    }
     replaced = _deployment(cluster, ns)
     assert _speculative_config(replaced)["model"] == "/models/draft/llama-eagle3"
     assert "eagle3.ai/draft-export" not in replaced["spec"]["template"]["metadata"]["annotations"]

@@ -132,8 +132,12 @@ def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
         column = "custom-columns=AL:.status.liveAcceptanceLength"
         assert float(cluster.kubectl("get", "sdd", SDD, "-n", ns, "--no-headers", "-o", column)) > 1
         assert "LIVE-AL" in cluster.kubectl("get", "sdd", SDD, "-n", ns).splitlines()[0].split()
-        wait_until(lambda: _gauges_match(cluster, operator, ns, revision), timeout=30, interval=0.5,
-                   what="the operator's gauges to equal the status")  # fmt: skip
+        wait_until(
+            lambda: _gauges_match(cluster, operator, ns, revision),
+            timeout=30,
+            interval=0.5,
+            what="the operator's gauges to equal the status",
+        )
 
         # The user lowers the reference; the pods keep serving and the next window is as evaluated.
         patch = '{"spec": {"draft": {"acceptanceLength": 1.0}}}'
@@ -146,8 +150,12 @@ def test_live_acceptance_and_draft_degraded_from_a_real_vllm_pod(
         )
         assert condition(body, "DraftDegraded")["reason"] == "AcceptanceAsEvaluated"
         assert "DraftRecovered" in [e["reason"] for e in events_of(cluster, ns, SDD)]
-        wait_until(lambda: _gauges_match(cluster, operator, ns, revision), timeout=30, interval=0.5,
-                   what="the operator's gauges to follow")  # fmt: skip
+        wait_until(
+            lambda: _gauges_match(cluster, operator, ns, revision),
+            timeout=30,
+            interval=0.5,
+            what="the operator's gauges to follow",
+        )
     finally:
         load.stop.set()
         load.join(timeout=180)

@@ -37,9 +37,14 @@ def _exported(path: str = "export", acceptance: float = 2.7, generation: int = 1
         "stage": "export",
         "observedGeneration": generation,
         "bestCheckpoint": {"step": 900, "acceptanceLength": acceptance},
-        "export": {"uri": f"pvc://llama-workspace/{path}", "claimName": "llama-workspace", "path": path,
-                   "format": "eagle3", "quantization": "none"},
-    }  # fmt: skip
+        "export": {
+            "uri": f"pvc://llama-workspace/{path}",
+            "claimName": "llama-workspace",
+            "path": path,
+            "format": "eagle3",
+            "quantization": "none",
+        },
+    }
 
 
 def _record(path: str = "export", acceptance: float = 2.7, generation: int = 1) -> dict:
@@ -60,8 +65,11 @@ def test_deployment_serves_target_with_the_eagle3_draft():
     plan = plan_serving(body, ServingObserved(now=fakes.NOW))
     deployment = _deployment(plan)
     assert deployment["spec"]["replicas"] == 3
-    assert _spec_config(deployment) == {"method": "eagle3", "model": "/models/draft/llama-eagle3",
-                                        "num_speculative_tokens": 4}  # fmt: skip
+    assert _spec_config(deployment) == {
+        "method": "eagle3",
+        "model": "/models/draft/llama-eagle3",
+        "num_speculative_tokens": 4,
+    }
     pod = deployment["spec"]["template"]["spec"]
     vllm = pod["containers"][0]
     assert vllm["args"][:2] == ["meta-llama/Llama-3.1-8B-Instruct", "--host"]
@@ -296,8 +304,10 @@ def test_scaling_keeps_the_pin_but_a_changed_draft_source_resets_it():
     plan = plan_serving(direct, ServingObserved(now=fakes.NOW, deployment=deployment))
     assert _spec_config(_deployment(plan))["model"] == "org/llama-eagle3"
     assert plan.status["resolvedDraft"] == {
-        "model": "org/llama-eagle3", "uri": "org/llama-eagle3", "source": "spec.draft.model"
-    }  # fmt: skip
+        "model": "org/llama-eagle3",
+        "uri": "org/llama-eagle3",
+        "source": "spec.draft.model",
+    }
     assert "eagle3.ai/draft-export" not in _deployment(plan)["spec"]["template"]["metadata"]["annotations"]
     assert [e.message for e in plan.events] == [
         "rolling in draft org/llama-eagle3 (replaces pvc://llama-workspace/export)"
@@ -329,8 +339,9 @@ def test_rollout_knobs_disruption_budget_startup_budget_and_requests():
     plan = plan_serving(body, ServingObserved(now=fakes.NOW))
     deployment = _deployment(plan)
     assert deployment["spec"]["strategy"] == {
-        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}
-    }  # fmt: skip
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"},
+    }
     vllm = deployment["spec"]["template"]["spec"]["containers"][0]
     startup = vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"]
     assert startup == 3600 and deployment["spec"]["progressDeadlineSeconds"] == 3600 + 600
@@ -357,10 +368,23 @@ def _reads(history: History, pod: str, revision: str, rows: list[tuple[int, PodC
 def test_live_acceptance_is_counter_deltas_per_revision_over_the_window():
     history = History()
     # Pod a: 100 drafts, 150 accepted (1.5 per draft) in the window; a read before the window is its base.
-    _reads(history, "a", "r2", [(-400, PodCounters(0, 0, 0)), (0, PodCounters(10, 5, 40, (4, 1))),
-                                (300, PodCounters(110, 155, 440, (94, 61)))])  # fmt: skip
+    _reads(
+        history,
+        "a",
+        "r2",
+        [
+            (-400, PodCounters(0, 0, 0)),
+            (0, PodCounters(10, 5, 40, (4, 1))),
+            (300, PodCounters(110, 155, 440, (94, 61))),
+        ],
+    )
     # Pod b restarted mid-window (counters went down): its delta counts from zero.
-    _reads(history, "b", "r2", [(0, PodCounters(500, 900, 2000, (400, 500))), (300, PodCounters(100, 50, 360, (40, 10)))])  # fmt: skip
+    _reads(
+        history,
+        "b",
+        "r2",
+        [(0, PodCounters(500, 900, 2000, (400, 500))), (300, PodCounters(100, 50, 360, (40, 10)))],
+    )
     # An old revision's pod, read once: no delta yet.
     _reads(history, "c", "r1", [(290, PodCounters(7, 7, 7))])
     now = fakes.NOW + timedelta(seconds=300)

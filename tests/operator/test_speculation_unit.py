@@ -20,12 +20,22 @@ def _served(body: dict, training: dict | None = None) -> tuple[dict, dict]:
 
 
 def test_an_integer_is_served_as_it_is_with_extra_keys_merged_as_json():
-    extra = {"draft_tensor_parallel_size": "1", "disable_padded_drafter_batch": "true", "quantization": "fp8",
-             "note": "not json {"}  # fmt: skip
+    extra = {
+        "draft_tensor_parallel_size": "1",
+        "disable_padded_drafter_batch": "true",
+        "quantization": "fp8",
+        "note": "not json {",
+    }
     config, applied = _served(fakes.spec_decode(numSpeculativeTokens=5, speculativeConfig=extra))
-    assert config == {"method": "eagle3", "model": "/models/draft/llama-eagle3", "num_speculative_tokens": 5,
-                      "draft_tensor_parallel_size": 1, "disable_padded_drafter_batch": True,
-                      "quantization": "fp8", "note": "not json {"}  # fmt: skip
+    assert config == {
+        "method": "eagle3",
+        "model": "/models/draft/llama-eagle3",
+        "num_speculative_tokens": 5,
+        "draft_tensor_parallel_size": 1,
+        "disable_padded_drafter_batch": True,
+        "quantization": "fp8",
+        "note": "not json {",
+    }
     assert applied["mode"] == "Static" and applied["numSpeculativeTokens"] == 5
 
 
@@ -33,17 +43,31 @@ def test_auto_serves_the_draft_training_sweep_schedule_per_batch_size():
     body = fakes.spec_decode(numSpeculativeTokens="auto", draft={"fromDraftTraining": "llama"})
     training = {
         "metadata": {"name": "llama", "uid": "uid-1"},
-        "status": {"phase": "Succeeded", "stage": "export", "observedGeneration": 1,
-                   "export": {"uri": "pvc://llama-workspace/export/sha256-ab", "claimName": "llama-workspace",
-                              "path": "export/sha256-ab", "digest": "ab", "format": "eagle3", "quantization": "none"},
-                   "sweep": {"schedule": SCHEDULE, "numSpeculativeTokens": 4, "best": []}},
-    }  # fmt: skip
+        "status": {
+            "phase": "Succeeded",
+            "stage": "export",
+            "observedGeneration": 1,
+            "export": {
+                "uri": "pvc://llama-workspace/export/sha256-ab",
+                "claimName": "llama-workspace",
+                "path": "export/sha256-ab",
+                "digest": "ab",
+                "format": "eagle3",
+                "quantization": "none",
+            },
+            "sweep": {"schedule": SCHEDULE, "numSpeculativeTokens": 4, "best": []},
+        },
+    }
     config, applied = _served(body, training)
     # vLLM caps each range's K at num_speculative_tokens, so that is the schedule's largest K.
     assert config["num_speculative_tokens"] == 4
     assert config["num_speculative_tokens_per_batch_size"] == SCHEDULE
-    assert applied == {"mode": "Schedule", "numSpeculativeTokens": 4, "schedule": SCHEDULE,
-                       "message": "vLLM's per-batch-size schedule from the draft's sweep"}  # fmt: skip
+    assert applied == {
+        "mode": "Schedule",
+        "numSpeculativeTokens": 4,
+        "schedule": SCHEDULE,
+        "message": "vLLM's per-batch-size schedule from the draft's sweep",
+    }
     # The schedule belongs to the pinned draft: it stays with it in status.resolvedDraft.
     plan = plan_serving(body, ServingObserved(now=fakes.NOW, draft_training=training))
     assert plan.status["resolvedDraft"]["speculationSchedule"] == SCHEDULE

@@ -127,19 +127,31 @@ def test_target_deployment_replica_failure_and_progress_deadline():
         "used: requests.amd.com/gpu=8, limited: requests.amd.com/gpu=8"
     )
     target["status"]["conditions"] = [
-        {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
-         "message": "Deployment does not have minimum availability."},
+        {
+            "type": "Available",
+            "status": "False",
+            "reason": "MinimumReplicasUnavailable",
+            "message": "Deployment does not have minimum availability.",
+        },
         {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": forbidden},
-        {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
-         "message": 'ReplicaSet "llama-target-6d4f9c7b8" is progressing.'},
-    ]  # fmt: skip
+        {
+            "type": "Progressing",
+            "status": "True",
+            "reason": "ReplicaSetUpdated",
+            "message": 'ReplicaSet "llama-target-6d4f9c7b8" is progressing.',
+        },
+    ]
     cluster.observed.deployments["llama-target"] = target
     ready = fakes.condition(plan_training(cluster.body, cluster.observed).status, "TargetReady")
     assert (ready["reason"], ready["message"]) == ("FailedCreate", f"Deployment llama-target: {forbidden}")
     target["status"]["conditions"][1:] = [
-        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-         "message": 'ReplicaSet "llama-target-6d4f9c7b8" has timed out progressing.'},
-    ]  # fmt: skip
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": 'ReplicaSet "llama-target-6d4f9c7b8" has timed out progressing.',
+        },
+    ]
     ready = fakes.condition(plan_training(cluster.body, cluster.observed).status, "TargetReady")
     assert ready["reason"] == "ProgressDeadlineExceeded"
     assert (
@@ -162,11 +174,21 @@ def test_a_job_that_cannot_create_pods_shows_the_job_controllers_failed_create()
         'ml/eagle3-runtime: serviceaccount "eagle3-runtime" not found'
     )
     cluster.observed.job_events = [
-        {"reason": "FailedCreate", "type": "Warning", "message": message, "lastTimestamp": STAMP,
-         "involvedObject": {"kind": "Job", "name": "llama-generate", "uid": "job-uid-1"}},
-        {"reason": "FailedCreate", "type": "Warning", "message": "another Job's", "lastTimestamp": STAMP,
-         "involvedObject": {"kind": "Job", "name": "other", "uid": "job-uid-2"}},
-    ]  # fmt: skip
+        {
+            "reason": "FailedCreate",
+            "type": "Warning",
+            "message": message,
+            "lastTimestamp": STAMP,
+            "involvedObject": {"kind": "Job", "name": "llama-generate", "uid": "job-uid-1"},
+        },
+        {
+            "reason": "FailedCreate",
+            "type": "Warning",
+            "message": "another Job's",
+            "lastTimestamp": STAMP,
+            "involvedObject": {"kind": "Job", "name": "other", "uid": "job-uid-2"},
+        },
+    ]
     plan = cluster.reconcile()
     generated = fakes.condition(plan.status, "Generated")
     assert generated["reason"] == "FailedCreate"
@@ -190,12 +212,30 @@ def test_lacks_pods_only_for_active_unsuspended_jobs_without_live_pods():
 
 def test_pod_problem_ignores_starting_gated_and_finished_pods():
     creating = kubelet._waiting("stage", RUNTIME_IMAGE, "ContainerCreating", "")
-    gated = {"phase": "Pending", "conditions": [kubelet._condition("PodScheduled", "False", "SchedulingGated",
-                                                                   "Scheduling is blocked due to non-empty scheduling gates")]}  # fmt: skip
+    gated = {
+        "phase": "Pending",
+        "conditions": [
+            kubelet._condition(
+                "PodScheduled",
+                "False",
+                "SchedulingGated",
+                "Scheduling is blocked due to non-empty scheduling gates",
+            )
+        ],
+    }
     # The scheduler's message while the PV controller has not bound the workspace claim yet
     # (seen on the test bed: a Warning on a fresh DraftTraining that went away a second later).
-    binding = {"phase": "Pending", "conditions": [kubelet._condition("PodScheduled", "False", "Unschedulable",
-               "0/6 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.")]}  # fmt: skip
+    binding = {
+        "phase": "Pending",
+        "conditions": [
+            kubelet._condition(
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+                "0/6 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.",
+            )
+        ],
+    }
     for status in (creating, gated, binding, {"phase": "Succeeded"}):
         assert pod_problem({"metadata": {"name": "p"}, "status": status}) is None
 
@@ -235,10 +275,15 @@ def test_stage_deadline_is_the_jobs_active_deadline_and_fails_with_what_it_was_s
     cluster.observed.pods.clear()  # the Job controller removes the pods at the deadline
     job["status"] = {
         "conditions": [
-            {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-             "message": "Job was active longer than specified deadline", "lastTransitionTime": STAMP},
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "DeadlineExceeded",
+                "message": "Job was active longer than specified deadline",
+                "lastTransitionTime": STAMP,
+            },
         ]
-    }  # fmt: skip
+    }
     plan = cluster.reconcile()
     failed = fakes.condition(plan.status, "Failed")
     assert plan.status["phase"] == "Failed" and failed["reason"] == "DeadlineExceeded"
@@ -294,9 +339,13 @@ def test_serving_pods_that_cannot_start_make_the_reason_of_available_and_progres
 def test_serving_progress_deadline_and_refusals_stop_progressing():
     body, observed, _ = _serving(kubelet.unschedulable())
     observed.deployment["status"]["conditions"] = [
-        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-         "message": 'ReplicaSet "chat-7d9c5b8f4" has timed out progressing.'},
-    ]  # fmt: skip
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": 'ReplicaSet "chat-7d9c5b8f4" has timed out progressing.',
+        },
+    ]
     plan = plan_serving(body, observed)
     progressing = fakes.condition(plan.status, "Progressing")
     assert (progressing["status"], progressing["reason"]) == ("False", "ProgressDeadlineExceeded")

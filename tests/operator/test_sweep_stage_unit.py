@@ -27,9 +27,11 @@ def test_sweep_runs_after_select_and_its_schedule_reaches_status_and_serving():
     assert status["sweep"] == {
         "schedule": [[1, 2, 4], [3, 16, 0]],
         "numSpeculativeTokens": 4,
-        "best": [{"concurrency": c, "numSpeculativeTokens": k, "speedup": s}
-                 for c, k, s in zip([1, 2, 4, 16], [4, 4, 0, 0], [1.7, 1.4, 1.0, 1.0], strict=True)],
-    }  # fmt: skip
+        "best": [
+            {"concurrency": c, "numSpeculativeTokens": k, "speedup": s}
+            for c, k, s in zip([1, 2, 4, 16], [4, 4, 0, 0], [1.7, 1.4, 1.0, 1.0], strict=True)
+        ],
+    }
     # A SpecDecodeDeployment of this DraftTraining with numSpeculativeTokens: auto serves that schedule.
     sdd = fakes.spec_decode(numSpeculativeTokens="auto", draft={"fromDraftTraining": "llama"})
     served = plan_serving(sdd, ServingObserved(now=fakes.NOW, draft_training=cluster.body))

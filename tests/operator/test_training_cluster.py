@@ -105,8 +105,10 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
         fakes.EXPORT_DIGEST
     )
     assert condition(body, "Ready")["status"] == "True"
-    assert all(condition(body, c)["status"] == "True" for c in ("Generated", "HiddenStatesExtracted", "Trained",
-                                                                 "Evaluated", "Selected", "Exported"))  # fmt: skip
+    assert all(
+        condition(body, c)["status"] == "True"
+        for c in ("Generated", "HiddenStatesExtracted", "Trained", "Evaluated", "Selected", "Exported")
+    )
     assert status["startTime"] and status["completionTime"]
     train = stage_record(body, "train")
     assert train["metrics"]["loss"] == 1.25 and [int(s) for s in train["metrics"]["checkpoints"]] == [50, 100]
@@ -131,24 +133,40 @@ def test_pipeline_walks_every_stage_with_an_operator_restart_in_each(crds, manua
     assert reasons.count("TrainingSucceeded") == 1 and "TargetScaledDown" in reasons
 
     assert operator.metric("eagle3_draft_training_best_acceptance_length", namespace=ns, name="llama") == 2.4
-    by_context = {n: operator.metric("eagle3_draft_training_best_acceptance_length_by_context_length",
-                                     namespace=ns, name="llama", context_length=n) for n in ("1024", "2048", "4096")}  # fmt: skip
+    by_context = {
+        n: operator.metric(
+            "eagle3_draft_training_best_acceptance_length_by_context_length",
+            namespace=ns,
+            name="llama",
+            context_length=n,
+        )
+        for n in ("1024", "2048", "4096")
+    }
     assert by_context == {"1024": 2.4, "2048": 2.35, "4096": 0}, by_context  # 4096 was unfilled: no series
     assert (
         operator.metric("eagle3_operator_resources", kind="DraftTraining", namespace=ns, phase="Succeeded")
         == 1
     )
     # The phase series moved on: the stall alert joins on phase="Running" and stays quiet now.
-    phase = {p: operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase=p)
-             for p in ("Running", "Succeeded")}  # fmt: skip
+    phase = {
+        p: operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase=p)
+        for p in ("Running", "Succeeded")
+    }
     assert phase == {"Running": 0, "Succeeded": 1}, phase
 
 
 def _report_progress(cluster, ns, operator) -> None:
     """A running stage annotates its pod (docs/contracts.md); the operator copies it into status.progress."""
     pod = wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"][0]
-    record = {"stage": "train", "step": 40, "totalSteps": 100, "loss": 2.5, "accuracyPerPosition": [0.5, 0.3],
-              "etaSeconds": 60, "updatedAt": "2026-11-29T09:00:00Z"}  # fmt: skip
+    record = {
+        "stage": "train",
+        "step": 40,
+        "totalSteps": 100,
+        "loss": 2.5,
+        "accuracyPerPosition": [0.5, 0.3],
+        "etaSeconds": 60,
+        "updatedAt": "2026-11-29T09:00:00Z",
+    }
     patch = {"metadata": {"annotations": {"eagle3.ai/progress": json.dumps(record)}}}
     cluster.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}", patch)
     body = wait_until(
@@ -233,8 +251,10 @@ def test_failed_stage_is_reported_and_retried_after_a_spec_edit(crds, manual_nam
         what="Warning",
     )
     assert [e["reason"] for e in warnings] == ["StageFailed"]
-    failed_phase = {p: operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase=p)
-                    for p in ("Running", "Failed")}  # fmt: skip
+    failed_phase = {
+        p: operator.metric("eagle3_draft_training_phase", namespace=ns, name="llama", phase=p)
+        for p in ("Running", "Failed")
+    }
     assert failed_phase == {"Running": 0, "Failed": 1}, failed_phase
 
     patch = {"spec": {"data": {"sources": [{"claimName": "prompts", "path": "fixed.jsonl"}]}}}

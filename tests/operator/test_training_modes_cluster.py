@@ -240,8 +240,10 @@ def test_online_multi_node_training_queued_warm_started_and_exported_to_a_claim(
 
     train = jobs["llama-train"]
     assert (train["spec"]["completionMode"], train["spec"]["completions"], train["spec"]["parallelism"]) == (
-        "Indexed", 2, 2,
-    )  # fmt: skip
+        "Indexed",
+        2,
+        2,
+    )
     command = fakes.command(train)
     assert command[:4] == ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--node-rank=$(NODE_RANK)"]
     assert _long_flag(command, "--master-addr") == "llama-train-0.llama-trainer"
@@ -474,9 +476,13 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
         "kind": "Deployment",
         "metadata": {"name": stream["metadata"]["name"], "labels": stream["metadata"]["labels"]},
         "spec": {k: stream["spec"][k] for k in ("selector", "strategy")}
-        | {"replicas": 1, "template": _on_real_node(stream["spec"]["template"],
-                                                      ["python3", "-c", STREAM_SERVER_SCRIPT, port, stream_port])},
-    }  # fmt: skip
+        | {
+            "replicas": 1,
+            "template": _on_real_node(
+                stream["spec"]["template"], ["python3", "-c", STREAM_SERVER_SCRIPT, port, stream_port]
+            ),
+        },
+    }
     cluster.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
     server = fakes.flag(fakes.command(train), "--server")
     client = ["python3", "-c", STREAM_CLIENT_SCRIPT, server, str(_port(service, "stream"))]

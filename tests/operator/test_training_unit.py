@@ -149,8 +149,15 @@ def test_offline_pipeline_walks_every_stage_and_reports_results():
     assert status["phase"] == "Succeeded"
     assert [s["name"] for s in status["stages"]] == fakes.OFFLINE_STAGES
     assert all(s["state"] == "Succeeded" for s in status["stages"])
-    assert cluster.created == ["llama-generate", "llama-extract", "llama-train", "llama-eval-50", "llama-eval-100",
-                               "llama-select", "llama-export"]  # fmt: skip
+    assert cluster.created == [
+        "llama-generate",
+        "llama-extract",
+        "llama-train",
+        "llama-eval-50",
+        "llama-eval-100",
+        "llama-select",
+        "llama-export",
+    ]
     assert status["checkpoints"] == [
         {
             "step": step,
@@ -310,8 +317,9 @@ def test_a_failed_rank_restarts_the_whole_trainer_group_until_group_restarts_run
     for restart, name in enumerate(names):
         job = cluster.observed.jobs[name]
         assert job["spec"]["backoffLimit"] == 0 and job["spec"]["completions"] == 2
-        cluster.finish(job, ok=False, message="NCCL error: remote process exited", reason="Error", exit_code=1,
-                       index=1)  # fmt: skip
+        cluster.finish(
+            job, ok=False, message="NCCL error: remote process exited", reason="Error", exit_code=1, index=1
+        )
         plan = cluster.reconcile()
         train = next(s for s in plan.status["stages"] if s["name"] == "train")
         if restart < 2:
@@ -381,8 +389,13 @@ def test_failure_without_a_stage_result_uses_the_log_tail():
     cluster = Cluster(fakes.draft_training())
     cluster.reconcile()
     cluster.reconcile()
-    cluster.finish(cluster.observed.jobs["llama-generate"], ok=False, message="Traceback ...\nOSError: disk full",
-                   reason="OOMKilled", exit_code=137)  # fmt: skip
+    cluster.finish(
+        cluster.observed.jobs["llama-generate"],
+        ok=False,
+        message="Traceback ...\nOSError: disk full",
+        reason="OOMKilled",
+        exit_code=137,
+    )
     status = cluster.reconcile().status
     assert fakes.condition(status, "Failed")["reason"] == "OOMKilled"
     assert "disk full" in fakes.condition(status, "Failed")["message"]
@@ -422,8 +435,12 @@ def test_progress_annotation_is_copied_into_status():
         )
     )
     status = cluster.reconcile().status
-    assert status["progress"] == {"stage": "generate", "samples": 40, "etaSeconds": 12.0,
-                                  "updatedAt": "2026-11-29T09:00:10Z"}  # fmt: skip
+    assert status["progress"] == {
+        "stage": "generate",
+        "samples": 40,
+        "etaSeconds": 12.0,
+        "updatedAt": "2026-11-29T09:00:10Z",
+    }
 
 
 def test_queue_name_export_claim_and_quantize():

@@ -43,78 +43,161 @@ INVALID = [
     ("dt-no-sources", _dt(**{"spec.data.sources": []}), "spec.data.sources"),
     ("dt-bad-model", _dt(**{"spec.target.model": "not a model!"}), "spec.target.model"),
     ("dt-bad-quantization", _dt(**{"spec.target.quantization": "int4"}), "spec.target.quantization"),
-    ("dt-gpus-below-tp", _dt(**{"spec.target.tensorParallelSize": 4, "spec.target.gpus": 2}),
-     "gpus must be at least tensorParallelSize"),
-    ("dt-revision-of-a-directory",
-     _dt(**{"spec.target.model": "pvc://models/llama", "spec.target.revision": "v2"}),
-     "revision names a version of a Hugging Face id"),
+    (
+        "dt-gpus-below-tp",
+        _dt(**{"spec.target.tensorParallelSize": 4, "spec.target.gpus": 2}),
+        "gpus must be at least tensorParallelSize",
+    ),
+    (
+        "dt-revision-of-a-directory",
+        _dt(**{"spec.target.model": "pvc://models/llama", "spec.target.revision": "v2"}),
+        "revision names a version of a Hugging Face id",
+    ),
     ("dt-bad-hidden-mode", _dt(**{"spec.hiddenStates": {"mode": "magic"}}), "spec.hiddenStates.mode"),
     ("dt-two-layer-ids", _dt(**{"spec.hiddenStates": {"layerIds": [1, 2]}}), "spec.hiddenStates.layerIds"),
-    ("dt-duplicate-layer-ids", _dt(**{"spec.hiddenStates": {"layerIds": [3, 3, 5]}}), "spec.hiddenStates.layerIds"),
-    ("dt-checkpoint-after-end", _dt(**{"spec.training": {"steps": 10, "checkpointEvery": 50}}),
-     "checkpointEvery must not exceed steps"),
-    ("dt-steps-and-epochs", _dt(**{"spec.training": {"steps": 100, "epochs": 2}}), "set steps or epochs, not both"),
+    (
+        "dt-duplicate-layer-ids",
+        _dt(**{"spec.hiddenStates": {"layerIds": [3, 3, 5]}}),
+        "spec.hiddenStates.layerIds",
+    ),
+    (
+        "dt-checkpoint-after-end",
+        _dt(**{"spec.training": {"steps": 10, "checkpointEvery": 50}}),
+        "checkpointEvery must not exceed steps",
+    ),
+    (
+        "dt-steps-and-epochs",
+        _dt(**{"spec.training": {"steps": 100, "epochs": 2}}),
+        "set steps or epochs, not both",
+    ),
     ("dt-zero-epochs", _dt(**{"spec.training": {"epochs": 0}}), "spec.training.epochs"),
-    ("dt-checkpoint-after-default-steps", _dt(**{"spec.training": {"checkpointEvery": 5000}}),
-     "checkpointEvery must not exceed steps"),
+    (
+        "dt-checkpoint-after-default-steps",
+        _dt(**{"spec.training": {"checkpointEvery": 5000}}),
+        "checkpointEvery must not exceed steps",
+    ),
     ("dt-draft-layers", _dt(**{"spec.draft": {"layers": 5}}), "spec.draft.layers"),
-    ("dt-init-checkpoint-without-path", _dt(**{"spec.draft": {"initialization": {"from": "checkpoint"}}}),
-     "path is required when from is checkpoint"),
-    ("dt-init-path-from-scratch", _dt(**{"spec.draft": {"initialization": {"path": "org/eagle3-head"}}}),
-     "path is required when from is checkpoint"),
-    ("dt-init-bad-path", _dt(**{"spec.draft": {"initialization": {"from": "checkpoint", "path": "a b"}}}),
-     "spec.draft.initialization.path"),
+    (
+        "dt-init-checkpoint-without-path",
+        _dt(**{"spec.draft": {"initialization": {"from": "checkpoint"}}}),
+        "path is required when from is checkpoint",
+    ),
+    (
+        "dt-init-path-from-scratch",
+        _dt(**{"spec.draft": {"initialization": {"path": "org/eagle3-head"}}}),
+        "path is required when from is checkpoint",
+    ),
+    (
+        "dt-init-bad-path",
+        _dt(**{"spec.draft": {"initialization": {"from": "checkpoint", "path": "a b"}}}),
+        "spec.draft.initialization.path",
+    ),
     ("dt-loss-decay", _dt(**{"spec.training": {"lossDecay": 1.5}}), "spec.training.lossDecay"),
     ("dt-learning-rate", _dt(**{"spec.training": {"learningRate": 0}}), "spec.training.learningRate"),
     ("dt-multinode-rwo", _dt(**{"spec.training": {"nodes": 2}}), "spec.storage.accessModes"),
-    ("dt-multinode-without-queue",
-     _dt(**{"spec.training": {"nodes": 2}, "spec.storage": {"accessModes": ["ReadWriteMany"]}}),
-     "training.nodes > 1 needs scheduling.queueName, a Kueue LocalQueue"),
+    (
+        "dt-multinode-without-queue",
+        _dt(**{"spec.training": {"nodes": 2}, "spec.storage": {"accessModes": ["ReadWriteMany"]}}),
+        "training.nodes > 1 needs scheduling.queueName, a Kueue LocalQueue",
+    ),
     ("dt-export-format", _dt(**{"spec.export": {"format": "onnx"}}), "spec.export.format"),
-    ("dt-export-path-no-claim", _dt(**{"spec.export": {"path": "drafts/x"}}), "export.path needs export.claimName"),
+    (
+        "dt-export-path-no-claim",
+        _dt(**{"spec.export": {"path": "drafts/x"}}),
+        "export.path needs export.claimName",
+    ),
     ("dt-storage-size", _dt(**{"spec.storage": {"size": "lots"}}), "spec.storage.size"),
     ("dt-long-name", _dt(**{"metadata.name": "a" * 41}), "metadata.name must be at most 40 characters"),
-    ("dt-bad-tolerance", _dt(**{"spec.scheduling": {"tolerations": [{"operator": "Maybe"}]}}),
-     "spec.scheduling.tolerations[0].operator"),
-    ("sdd-both-drafts", _sdd(**{"spec.draft": {"model": "org/d", "fromDraftTraining": "x"}}),
-     "set exactly one of draft.model or draft.fromDraftTraining"),
+    (
+        "dt-bad-tolerance",
+        _dt(**{"spec.scheduling": {"tolerations": [{"operator": "Maybe"}]}}),
+        "spec.scheduling.tolerations[0].operator",
+    ),
+    (
+        "sdd-both-drafts",
+        _sdd(**{"spec.draft": {"model": "org/d", "fromDraftTraining": "x"}}),
+        "set exactly one of draft.model or draft.fromDraftTraining",
+    ),
     ("sdd-no-draft", _sdd(**{"spec.draft": {}}), "set exactly one of draft.model or draft.fromDraftTraining"),
     ("sdd-zero-tokens", _sdd(**{"spec.numSpeculativeTokens": 0}), "spec.numSpeculativeTokens"),
     ("sdd-negative-replicas", _sdd(**{"spec.replicas": -1}), "spec.replicas"),
     ("sdd-service-type", _sdd(**{"spec.service": {"type": "Ingress"}}), "spec.service.type"),
     ("sdd-interval", _sdd(**{"spec.monitoring": {"interval": "soon"}}), "spec.monitoring.interval"),
-    ("sdd-env-both", _sdd(**{"spec.target.env": [{"name": "A", "value": "1",
-                                                   "valueFrom": {"secretKeyRef": {"name": "s"}}}]}),
-     "env entries take value or valueFrom, not both"),
-    ("sdd-gpu-resource", _sdd(**{"spec.target.gpuResourceName": "nvidia.com/gpu"}), "spec.target.gpuResourceName"),
-    ("sdd-tokens-word", _sdd(**{"spec.numSpeculativeTokens": "many"}),
-     'numSpeculativeTokens must be an integer from 1 to 16, or "auto"'),
-    ("sdd-too-many-tokens", _sdd(**{"spec.numSpeculativeTokens": 17}),
-     'numSpeculativeTokens must be an integer from 1 to 16, or "auto"'),
-    ("sdd-reserved-speculative-key", _sdd(**{"spec.speculativeConfig": {"num_speculative_tokens": "9"}}),
-     "speculativeConfig must not set method, model, revision, num_speculative_tokens"),
-    ("sdd-schedule-not-from-one", _sdd(**{"spec.draft.speculationSchedule": [[2, 4, 1]]}),
-     "the first speculationSchedule range must start at batch size 1"),
-    ("sdd-schedule-short-range", _sdd(**{"spec.draft.speculationSchedule": [[1, 4]]}),
-     "spec.draft.speculationSchedule[0]"),
-    ("dt-sweep-kmax", _dt(**{"spec.evaluation": {"sweep": {"maxSpeculativeTokens": 0}}}),
-     "spec.evaluation.sweep.maxSpeculativeTokens"),
+    (
+        "sdd-env-both",
+        _sdd(
+            **{"spec.target.env": [{"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s"}}}]}
+        ),
+        "env entries take value or valueFrom, not both",
+    ),
+    (
+        "sdd-gpu-resource",
+        _sdd(**{"spec.target.gpuResourceName": "nvidia.com/gpu"}),
+        "spec.target.gpuResourceName",
+    ),
+    (
+        "sdd-tokens-word",
+        _sdd(**{"spec.numSpeculativeTokens": "many"}),
+        'numSpeculativeTokens must be an integer from 1 to 16, or "auto"',
+    ),
+    (
+        "sdd-too-many-tokens",
+        _sdd(**{"spec.numSpeculativeTokens": 17}),
+        'numSpeculativeTokens must be an integer from 1 to 16, or "auto"',
+    ),
+    (
+        "sdd-reserved-speculative-key",
+        _sdd(**{"spec.speculativeConfig": {"num_speculative_tokens": "9"}}),
+        "speculativeConfig must not set method, model, revision, num_speculative_tokens",
+    ),
+    (
+        "sdd-schedule-not-from-one",
+        _sdd(**{"spec.draft.speculationSchedule": [[2, 4, 1]]}),
+        "the first speculationSchedule range must start at batch size 1",
+    ),
+    (
+        "sdd-schedule-short-range",
+        _sdd(**{"spec.draft.speculationSchedule": [[1, 4]]}),
+        "spec.draft.speculationSchedule[0]",
+    ),
+    (
+        "dt-sweep-kmax",
+        _dt(**{"spec.evaluation": {"sweep": {"maxSpeculativeTokens": 0}}}),
+        "spec.evaluation.sweep.maxSpeculativeTokens",
+    ),
     # evaluation.contextLengths: positive, ascending, no repeats, each plus maxTokens within target.maxModelLen.
-    ("dt-context-descending", _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [2048, 1024]}}),
-     "contextLengths must be in ascending order"),
-    ("dt-context-repeated", _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [1024, 1024]}}),
-     "spec.evaluation.contextLengths[1]: Duplicate value"),
-    ("dt-context-zero", _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [0, 1024]}}),
-     "spec.evaluation.contextLengths[0]"),
-    ("dt-context-no-max-model-len", _dt(**{"spec.evaluation": {"contextLengths": [1024]}}),
-     "evaluation.contextLengths needs target.maxModelLen"),
+    (
+        "dt-context-descending",
+        _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [2048, 1024]}}),
+        "contextLengths must be in ascending order",
+    ),
+    (
+        "dt-context-repeated",
+        _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [1024, 1024]}}),
+        "spec.evaluation.contextLengths[1]: Duplicate value",
+    ),
+    (
+        "dt-context-zero",
+        _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [0, 1024]}}),
+        "spec.evaluation.contextLengths[0]",
+    ),
+    (
+        "dt-context-no-max-model-len",
+        _dt(**{"spec.evaluation": {"contextLengths": [1024]}}),
+        "evaluation.contextLengths needs target.maxModelLen",
+    ),
     # 8192 + the default maxTokens 128 > 8256; with maxModelLen 8448 the answer must stay within 256.
-    ("dt-context-over-the-context", _dt(**{"spec.target.maxModelLen": 8256, "spec.evaluation": {"contextLengths": [8192]}}),
-     "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen"),
-    ("dt-context-answer-over-the-context",
-     _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [1024, 8192], "maxTokens": 512}}),
-     "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen"),
-]  # fmt: skip
+    (
+        "dt-context-over-the-context",
+        _dt(**{"spec.target.maxModelLen": 8256, "spec.evaluation": {"contextLengths": [8192]}}),
+        "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen",
+    ),
+    (
+        "dt-context-answer-over-the-context",
+        _dt(**CONTEXT, **{"spec.evaluation": {"contextLengths": [1024, 8192], "maxTokens": 512}}),
+        "each evaluation.contextLengths entry plus evaluation.maxTokens must fit target.maxModelLen",
+    ),
+]
 
 
 @pytest.mark.parametrize("body,expected", [pytest.param(b, e, id=i) for i, b, e in INVALID])
@@ -147,9 +230,18 @@ def test_ascending_context_lengths_within_the_context_are_accepted(crds: LocalCl
 
 
 def test_auto_speculation_and_extra_speculative_config_keys_are_kept(crds: LocalCluster, namespace: str):
-    body = _sdd(**{"metadata.name": "auto", "spec.numSpeculativeTokens": "auto", "spec.expectedConcurrency": 4,
-                   "spec.speculativeConfig": {"draft_tensor_parallel_size": "1", "disable_padded_drafter_batch": "true"},
-                   "spec.draft.speculationSchedule": [[1, 2, 4], [3, 16, 0]]})  # fmt: skip
+    body = _sdd(
+        **{
+            "metadata.name": "auto",
+            "spec.numSpeculativeTokens": "auto",
+            "spec.expectedConcurrency": 4,
+            "spec.speculativeConfig": {
+                "draft_tensor_parallel_size": "1",
+                "disable_padded_drafter_batch": "true",
+            },
+            "spec.draft.speculationSchedule": [[1, 2, 4], [3, 16, 0]],
+        }
+    )
     spec = crds.request("POST", spec_decode_path(namespace), body)["spec"]
     assert spec["numSpeculativeTokens"] == "auto" and spec["expectedConcurrency"] == 4
     assert spec["speculativeConfig"] == {
@@ -170,12 +262,23 @@ def test_auto_speculation_and_extra_speculative_config_keys_are_kept(crds: Local
 
 
 def test_epochs_and_a_warm_started_multi_layer_draft_are_accepted(crds: LocalCluster, namespace: str):
-    body = _dt(**{"metadata.name": "epochs", "spec.training": {"epochs": 3},
-                  "spec.draft": {"layers": 2, "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"}}})  # fmt: skip
+    body = _dt(
+        **{
+            "metadata.name": "epochs",
+            "spec.training": {"epochs": 3},
+            "spec.draft": {
+                "layers": 2,
+                "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"},
+            },
+        }
+    )
     spec = crds.request("POST", draft_training_path(namespace), body)["spec"]
     assert spec["training"]["epochs"] == 3 and "steps" not in spec["training"]
-    assert spec["draft"] == {"vocabSize": 32000, "layers": 2,
-                             "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"}}  # fmt: skip
+    assert spec["draft"] == {
+        "vocabSize": 32000,
+        "layers": 2,
+        "initialization": {"from": "checkpoint", "path": "pvc://drafts/head"},
+    }
     # Neither given: no steps is stored (the operator runs 2000), the draft starts from scratch.
     bare = crds.request(
         "POST", draft_training_path(namespace), _dt(**{"metadata.name": "bare", "spec.training": {}})

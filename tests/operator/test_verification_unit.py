@@ -15,10 +15,23 @@ from tests.operator import fakes
 GATED = {"enabled": True, "numPrompts": 8, "maxTokens": 32, "maxFlips": 0, "minAcceptanceLength": 1.4}
 TARGET = {"model": "pvc://models/llama", "gpus": 1, "attentionBackend": "ROCM_AITER_FA",
           "maxModelLen": 4096, "extraArgs": ["--enforce-eager"]}  # fmt: skip
-PASSED = fakes.result("verify", message="8/8 outputs identical with the draft, 0 near-tie flips (max 0), "
-                      "acceptance length 2.100", identical=8, flips=0, mismatches=0, acceptance_length=2.1)  # fmt: skip
-FAILED = fakes.result("verify", ok=False, message="acceptance length 1.100 over 40 drafts is below the floor 1.4",
-                      identical=8, flips=0, mismatches=0, acceptance_length=1.1)  # fmt: skip
+PASSED = fakes.result(
+    "verify",
+    message="8/8 outputs identical with the draft, 0 near-tie flips (max 0), acceptance length 2.100",
+    identical=8,
+    flips=0,
+    mismatches=0,
+    acceptance_length=2.1,
+)
+FAILED = fakes.result(
+    "verify",
+    ok=False,
+    message="acceptance length 1.100 over 40 drafts is below the floor 1.4",
+    identical=8,
+    flips=0,
+    mismatches=0,
+    acceptance_length=1.1,
+)
 
 
 def _body(draft: str = "pvc://drafts/v1", status: dict | None = None, **spec) -> dict:

@@ -56,9 +56,13 @@ def test_offline_streaming_and_online_states_agree(tmp_path, tiny_target):
         head = TargetHead.from_pretrained(str(tiny_target), config)
         write_offline_shards(
             lambda pairs: with_target_top1(file_samples(server.url, pairs, layer_ids=layer_ids), head),
-            records, tmp_path / "shards", layer_ids=layer_ids, num_hidden_layers=config.num_hidden_layers,
-            hidden_size=config.hidden_size, samples_per_shard=4,
-        )  # fmt: skip
+            records,
+            tmp_path / "shards",
+            layer_ids=layer_ids,
+            num_hidden_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            samples_per_shard=4,
+        )
         streamed = list(StreamingHiddenStates(server.url, records, layer_ids=layer_ids, buffer_size=2))
     offline = list(iter_shard_samples(tmp_path / "shards"))
     online_target = OnlineHiddenStates(str(tiny_target), layer_ids, dtype=torch.bfloat16)

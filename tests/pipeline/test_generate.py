@@ -199,11 +199,16 @@ def test_long_samples_are_cut_or_skipped_and_listed(tmp_path, target_server, tin
     source = tmp_path / "prompts.jsonl"
     rows = [
         {"prompt": "def a():"},  # fits
-        {"messages": [{"role": "user", "content": "def f(x):"}, {"role": "assistant", "content": "old"},
-                      {"role": "user", "content": "and g?"}]},  # the second turn crosses the limit
+        {
+            "messages": [
+                {"role": "user", "content": "def f(x):"},
+                {"role": "assistant", "content": "old"},
+                {"role": "user", "content": "and g?"},
+            ]
+        },  # the second turn crosses the limit
         {"prompt": f"Continue this code:\n{code[:400]}"},  # the prompt alone fills the limit
         {"prompt": code[:12_000]},  # longer than the server's context: vLLM refuses it
-    ]  # fmt: skip
+    ]
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = ("--num-samples", "4", "--max-length", "48", "--concurrency", "1")
 

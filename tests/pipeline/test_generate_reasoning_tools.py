@@ -125,23 +125,36 @@ def test_reasoning_and_tool_calls_are_regenerated_turn_by_turn(tmp_path, family_
         "functions": [WEATHER],
         "messages": [
             {"role": "user", "content": "Weather in Oslo?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_0", "type": "function",
-                 "function": {"name": "get_weather", "arguments": '{"city": "oslo"}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "oslo"}'},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"},
             {"role": "assistant", "content": "It is sunny."},
         ],
-    }  # fmt: skip
+    }
     time_row = {
         "functions": json.dumps([WEATHER, TIME]),  # Hermes-style datasets store the schemas as a JSON string
         "messages": [
             {"role": "user", "content": "Time in Oslo?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "call_0", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_0", "content": "09:00"},
             {"role": "assistant", "content": "Nine."},
         ],
-    }  # fmt: skip
+    }
     source = tmp_path / "family.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in (reasoning_row, weather_row, time_row)))
 

@@ -35,8 +35,11 @@ def test_every_assistant_turn_is_regenerated_with_the_messages_before_it(tmp_pat
     ]
     # The source's replies say which tool results fit; the last turn answers the last user message.
     assert prompt.turns[0].source_reply == {
-        "role": "assistant", "content": "", "tool_calls": [CALL], "reasoning_content": "ask the tool",
-    }  # fmt: skip
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [CALL],
+        "reasoning_content": "ask the tool",
+    }
     assert prompt.turns[1].source_reply["content"] == "Sunny." and prompt.turns[2].source_reply is None
     # Tool schemas in the shape vLLM hands the chat template.
     assert prompt.tools == [

@@ -40,9 +40,13 @@ def _report_of_selected(tmp_path, **evaluation) -> str:
     workspace = Workspace(tmp_path)
     workspace.evaluations_dir.mkdir(parents=True)
     evaluation = {
-        "step": 37, "acceptance_length": 2.5, "acceptance_per_position": [0.7, 0.5, 0.3], "tokens_per_second": 90.0,
-        "speedup": 1.2, "per_domain": {"code": {"acceptance_length": 2.5, "prompts": 8}},
-    } | evaluation  # fmt: skip
+        "step": 37,
+        "acceptance_length": 2.5,
+        "acceptance_per_position": [0.7, 0.5, 0.3],
+        "tokens_per_second": 90.0,
+        "speedup": 1.2,
+        "per_domain": {"code": {"acceptance_length": 2.5, "prompts": 8}},
+    } | evaluation
     workspace.evaluation_file(37).write_text(json.dumps(evaluation))
     workspace.selection_file.write_text(json.dumps({"step": 37}))
     return _report(tmp_path, steps=37)
@@ -50,9 +54,11 @@ def _report_of_selected(tmp_path, **evaluation) -> str:
 
 def test_report_says_when_a_shared_baseline_was_measured(tmp_path):
     report = _report_of_selected(
-        tmp_path, baseline_tokens_per_second=75.0, baseline_mode="cached",
+        tmp_path,
+        baseline_tokens_per_second=75.0,
+        baseline_mode="cached",
         baseline_measured_at="2026-11-29T13:00:00+00:00",
-    )  # fmt: skip
+    )
     assert "75.0 tokens/s, cached, measured 2026-11-29T13:00:00+00:00." in report
     assert "compares runs made at different times" in report
 

@@ -25,8 +25,10 @@ def _render(template: str, messages, **kwargs) -> str:
 @pytest.mark.parametrize("family", sorted(CHAT_SHAPES))
 def test_each_chat_shape_keeps_the_reasoning_block_where_the_family_has_one(family):
     shape = CHAT_SHAPES[family]
-    turns = [{"role": "user", "content": "Continue:\nx = 1"},
-             {"role": "assistant", "content": "y = 2", "reasoning_content": "It counts up."}]  # fmt: skip
+    turns = [
+        {"role": "user", "content": "Continue:\nx = 1"},
+        {"role": "assistant", "content": "y = 2", "reasoning_content": "It counts up."},
+    ]
     text = _render(shape.template, turns)
     assert "x = 1" in text and "y = 2" in text and shape.eos in text
     assert ("It counts up." in text) == (family in REASONING_FAMILIES)
@@ -44,8 +46,12 @@ def _kimi_like_checkpoint(directory, *, vocab_size=96, rows=128, hidden=16):
     text = DeepseekV3Config(
         vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=61, tie_word_embeddings=False
     )
-    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-              "text_config": text.to_dict(), "vision_config": {"model_type": "kimi_k25_vision"}}  # fmt: skip
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text.to_dict(),
+        "vision_config": {"model_type": "kimi_k25_vision"},
+    }
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(config))
     g = torch.Generator().manual_seed(0)

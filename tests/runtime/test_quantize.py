@@ -413,7 +413,11 @@ def test_fp8_keeps_every_layer_of_a_two_layer_draft(tmp_path, vllm_loader):
 
     layers = vllm_linear_layers(vllm_loader(out))
     quantised = {n for n, m in layers.items() if isinstance(getattr(m, "scheme", None), QuarkW8A8Fp8)}
-    assert quantised == {f"model.layers.{i}.{p}" for i in (4, 5) for p in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}  # fmt: skip
+    assert quantised == {
+        f"model.layers.{i}.{p}"
+        for i in (4, 5)
+        for p in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    }
     assert set(layers) - quantised == {"model.fc", "lm_head"}
 
 

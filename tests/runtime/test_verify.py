@@ -88,10 +88,22 @@ def test_a_server_that_does_not_speculate_fails(tmp_path, servers):
 
 def _config(**overrides) -> VerifyConfig:
     fields = dict(
-        target="t", draft="d", prompts=[], num_prompts=2, max_tokens=4, num_speculative_tokens=3,
-        max_flips=1, flip_tolerance=0.1, min_acceptance_length=1.5, attention_backend=None,
-        max_model_len=1024, vllm_arg=[], server=None, baseline_server=None, output=None,
-    )  # fmt: skip
+        target="t",
+        draft="d",
+        prompts=[],
+        num_prompts=2,
+        max_tokens=4,
+        num_speculative_tokens=3,
+        max_flips=1,
+        flip_tolerance=0.1,
+        min_acceptance_length=1.5,
+        attention_backend=None,
+        max_model_len=1024,
+        vllm_arg=[],
+        server=None,
+        baseline_server=None,
+        output=None,
+    )
     return VerifyConfig(**fields | overrides)
 
 

@@ -246,7 +246,7 @@ def _service_targets(spec: dict[str, Any], endpoint: dict[str, Any], role: str) 
                 "target_label": label,
             }
             for kind, label in (("Node", "node"), ("Pod", "pod"))
-        ),  # fmt: skip
+        ),
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},

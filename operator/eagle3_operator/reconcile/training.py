@@ -163,10 +163,8 @@ class TrainingPlanner:
                 status.pop(stale, None)
             status["restart"] = restart
             status["workspacePath"] = f"{WORKSPACE_RUNS}/{uid}-restart-{restart}"
-            self._event(
-                "Normal", "Restarted", f"spec.restart is {restart}: training again from the first stage "
-                f"in {status['workspacePath']} of the workspace"
-            )  # fmt: skip
+            again = f"training again from the first stage in {status['workspacePath']} of the workspace"
+            self._event("Normal", "Restarted", f"spec.restart is {restart}: {again}")
         self.dt.status.workspace_path = status["workspacePath"]
 
     def _retry_if_spec_changed(self, status: dict[str, Any]) -> None:
@@ -205,13 +203,17 @@ class TrainingPlanner:
             updates["checkpoints"] = sorted(evaluations, key=lambda e: e["step"])
             metrics = {"checkpoints": len(evaluations)}
         if stage == "select":
+            filled = zip(
+                metrics.get("context_lengths", []),
+                metrics.get("context_acceptance_length", []),
+                metrics.get("context_drafts", []),
+                strict=True,
+            )
             by_context = [
                 {"contextLength": n, "acceptanceLength": length, "drafts": drafts}
-                for n, length, drafts in zip(
-                    metrics.get("context_lengths", []), metrics.get("context_acceptance_length", []),
-                    metrics.get("context_drafts", []), strict=True,
-                )
-            ] + [{"contextLength": n} for n in metrics.get("context_lengths_unfilled", [])]  # fmt: skip
+                for n, length, drafts in filled
+            ]
+            by_context += [{"contextLength": n} for n in metrics.get("context_lengths_unfilled", [])]
             best = {
                 "step": int(metrics["step"]),
                 "acceptanceLength": metrics.get("acceptance_length"),
@@ -300,9 +302,8 @@ class TrainingPlanner:
             return False
         missing = [o for o in outcomes if o.result is None]
         if missing:
-            waited = max(
-                (self.observed.now - parse_iso(o.finished_at)).total_seconds() for o in missing if o.finished_at
-            ) if any(o.finished_at for o in missing) else 0.0  # fmt: skip
+            finished = [parse_iso(o.finished_at) for o in missing if o.finished_at]
+            waited = max(((self.observed.now - at).total_seconds() for at in finished), default=0.0)
             if waited >= RESULT_GRACE_S:
                 self._fail(
                     stage, "StageResultMissing", "the stage ended without a result in its termination message"

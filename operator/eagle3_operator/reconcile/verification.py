@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3_api.command_line import flags
 from eagle3_api.spec_decode_deployment import SpecDecodeDeployment
 from eagle3_api.stage_plan import source_arg
 from eagle3_api.workspace import content_hash
@@ -60,23 +61,30 @@ def verify_job(
     spec, check = sdd.spec, sdd.spec.verification
     target = spec.target
     mounts = Mounts()
-    argv = [
-        "verify",
-        "--target", model_location(target.model, "target", mounts),
-        "--draft", model_location(draft["uri"], "draft", mounts),
-        "--num-prompts", str(check.num_prompts), "--max-tokens", str(check.max_tokens),
-        # The K the pods will serve (with auto, the schedule's largest: the most drafted per step).
-        "--num-speculative-tokens", str(applied_speculation(spec, draft.get("speculationSchedule"))["numSpeculativeTokens"]),
-        "--max-flips", str(check.max_flips), "--flip-tolerance", format(check.flip_tolerance, "g"),
-        "--min-acceptance-length", format(check.min_acceptance_length, "g"),
-    ]  # fmt: skip
+    # The K the pods will serve (with auto, the schedule's largest: the most drafted per step).
+    served_k = applied_speculation(spec, draft.get("speculationSchedule"))["numSpeculativeTokens"]
+    argv = ["verify"]
+    argv += flags(
+        {
+            "--target": model_location(target.model, "target", mounts),
+            "--draft": model_location(draft["uri"], "draft", mounts),
+            "--num-prompts": check.num_prompts,
+            "--max-tokens": check.max_tokens,
+            "--num-speculative-tokens": served_k,
+            "--max-flips": check.max_flips,
+            "--flip-tolerance": format(check.flip_tolerance, "g"),
+            "--min-acceptance-length": format(check.min_acceptance_length, "g"),
+        }
+    )
     locations = ClaimLocations(mounts)
     for source in check.prompts:
         argv += ["--prompts", source_arg(source, locations)]
-    if target.attention_backend:
-        argv += ["--attention-backend", target.attention_backend]
-    if target.max_model_len:
-        argv += ["--max-model-len", str(target.max_model_len)]
+    argv += flags(
+        {
+            "--attention-backend": target.attention_backend or None,
+            "--max-model-len": target.max_model_len or None,
+        }
+    )
     argv += [f"--vllm-arg={arg}" for arg in [*vllm_model_args(target), *target.extra_args]]
     mounts.add_shm(target.shm_size)
     mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")

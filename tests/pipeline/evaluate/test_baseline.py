@@ -127,5 +127,9 @@ def test_each_context_length_is_measured_on_the_candidate_server(adjacent):
     assert evaluation["settings"]["context_lengths"] == CONTEXT_LENGTHS
     assert result.metrics["context_lengths"] == CONTEXT_LENGTHS
     assert result.metrics["context_acceptance_length"] == [b["acceptance_length"] for b in buckets]
-    print("acceptance by context length:", {b["context_length"]: round(b["acceptance_length"], 3) for b in buckets},
-          "drafts:", {b["context_length"]: b["drafts"] for b in buckets})  # fmt: skip
+    print(
+        "acceptance by context length:",
+        {b["context_length"]: round(b["acceptance_length"], 3) for b in buckets},
+        "drafts:",
+        {b["context_length"]: b["drafts"] for b in buckets},
+    )

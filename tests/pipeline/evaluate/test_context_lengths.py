@@ -88,10 +88,21 @@ def test_cut_and_join_helpers():
 
 def _config(**changes) -> EvaluateConfig:
     settings = dict(
-        workspace="ws", target="t", checkpoint="step-1", prompts=[], num_speculative_tokens=K, server=None,
-        baseline_server=None, baseline="adjacent", rounds=1, prompts_per_domain=1, max_tokens=128,
-        concurrency=1, max_model_len=1024, context_lengths=[256, 512],
-    )  # fmt: skip
+        workspace="ws",
+        target="t",
+        checkpoint="step-1",
+        prompts=[],
+        num_speculative_tokens=K,
+        server=None,
+        baseline_server=None,
+        baseline="adjacent",
+        rounds=1,
+        prompts_per_domain=1,
+        max_tokens=128,
+        concurrency=1,
+        max_model_len=1024,
+        context_lengths=[256, 512],
+    )
     return EvaluateConfig(**(settings | changes))
 
 
