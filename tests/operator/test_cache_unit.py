@@ -150,6 +150,7 @@ SCENARIOS: dict[str, tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, 
     "image pull": ({}, [(kubelet.image_pull_back_off("stage", IMAGE), None)]),
     "missing secret": ({}, [(kubelet.create_container_config_error("stage", IMAGE, "hf-token"), None)]),
     "no pods": ({"active": 0}, []),
+    "suspended": ({"active": 0}, []),  # lacks pods on purpose
 }
 
 
@@ -157,7 +158,7 @@ SCENARIOS: dict[str, tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, 
 GENERATED_REASON = {
     "stage result": "Completed", "failed pod": "Failed", "deadline": "Failed", "progress": "Running",
     "unschedulable": "Unschedulable", "image pull": "CrashLoopBackOff",
-    "missing secret": "CreateContainerConfigError", "no pods": "Running",
+    "missing secret": "CreateContainerConfigError", "no pods": "Running", "suspended": "Running",
 }  # fmt: skip
 
 
@@ -166,6 +167,7 @@ def test_plans_from_projected_children_equal_plans_from_whole_children(scenario)
     body, desired, deployments = _generate_job()
     job_status, pod_states = SCENARIOS[scenario]
     job = _job(desired, job_status)
+    job["spec"]["suspend"] = scenario == "suspended"
     pods = [_pod(job, status, annotations) for status, annotations in pod_states]
     if (
         scenario == "image pull"
