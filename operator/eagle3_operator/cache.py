@@ -5,7 +5,8 @@ and kopf calls no other handler before every watched kind's initial listing has 
 the store is complete before the first reconcile reads it. Reconciles read their object and its
 children here instead of 1 GET and 5 LISTs each.
 
-Objects are kept without `metadata.managedFields` (the largest part of most objects, never read).
+Objects are kept as `KEPT` projects them: their metadata whole but `managedFields`, and of Pods and
+Jobs (the most numerous children, with the largest bodies) only the fields the planners read.
 Returned objects are shared: callers must not change them.
 """
 
@@ -22,9 +23,58 @@ OWNER_LABELS = (meta.DRAFT_TRAINING_LABEL, meta.SPEC_DECODE_LABEL)
 # What a change to an object was, as upsert saw it.
 NEW, CHANGED, PROGRESS, UNCHANGED = "new", "changed", "progress", "unchanged"
 
+WHOLE = None  # keep the field as it is
+# Per kind, the top-level fields kept besides metadata (a dict keeps only its keys, and applies to
+# each item of a list); a kind not here is kept whole. Deployments, Services and NetworkPolicies stay
+# whole: apply.contains compares what the operator sets with them. PVCs and our own resources are
+# few or small.
+KEPT: dict[str, dict[str, Any]] = {
+    # The operator never writes pods: their spec is never read.
+    "Pod": {
+        "status": {
+            "phase": WHOLE,  # Job outcomes, live pods, stuck detection
+            "reason": WHOLE,  # a failed pod's reason and message, without a termination message
+            "message": WHOLE,
+            "podIP": WHOLE,  # live acceptance reads each vLLM pod's /metrics
+            "conditions": WHOLE,  # PodScheduled=False Unschedulable (stuck), Ready (live acceptance)
+            # The stage container's termination message is its StageResult; waiting reasons and the
+            # last exit say why a container is stuck.
+            "initContainerStatuses": {"name": WHOLE, "state": WHOLE, "lastState": WHOLE},
+            "containerStatuses": {"name": WHOLE, "state": WHOLE, "lastState": WHOLE},
+        }
+    },
+    # Stage and verify Jobs are only created, never compared: not their pod template.
+    "Job": {
+        "spec": {
+            "activeDeadlineSeconds": WHOLE,  # told in the DeadlineExceeded failure
+            "suspend": WHOLE,  # a suspended Job lacks pods on purpose
+        },
+        "status": WHOLE,  # conditions (Complete, Failed), completionTime
+    },
+}
+
 
 def _ident(body: dict[str, Any]) -> tuple[str, str]:
     return body["metadata"].get("namespace") or "", body["metadata"]["name"]
+
+
+def _project(value: Any, kept: dict[str, Any] | None) -> Any:
+    if kept is WHOLE:
+        return value
+    if isinstance(value, list):
+        return [_project(item, kept) for item in value]
+    if isinstance(value, dict):
+        return {k: _project(value[k], sub) for k, sub in kept.items() if k in value}
+    return value
+
+
+def project(kind: str, api_version: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The object as the store keeps it (see KEPT)."""
+    fields = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "metadata")}
+    if kind in KEPT:
+        fields = _project(fields, KEPT[kind])
+    metadata = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata} | fields
 
 
 def _without_progress(body: dict[str, Any]) -> dict[str, Any]:
@@ -46,9 +96,8 @@ class Store:
     def upsert(self, kind: str, api_version: str, body: dict[str, Any]) -> str:
         """Keep the object; NEW, UNCHANGED (same resourceVersion), PROGRESS (only the progress
         annotation changed) or CHANGED."""
-        metadata = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
-        obj = {"apiVersion": api_version, "kind": kind} | {k: v for k, v in body.items() if k != "metadata"}
-        obj["metadata"] = metadata
+        obj = project(kind, api_version, body)
+        metadata = obj["metadata"]
         ident = _ident(obj)
         with self._lock:
             old = self._objects[kind].get(ident)
