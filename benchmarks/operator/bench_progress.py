@@ -257,9 +257,11 @@ def main() -> None:
 
         with contextlib.suppress(TimeoutError):  # reported: the window runs with the pods there are
             wait_until(
-                lambda: len(generate_pods()) >= len(names), timeout=args.ready_timeout, interval=2,
+                lambda: len(generate_pods()) >= len(names),
+                timeout=args.ready_timeout,
+                interval=2,
                 what="a Running generate pod for every DraftTraining",
-            )  # fmt: skip
+            )
         pods = generate_pods()
         print(
             f"{len(pods)} of {len(names)} generate pods Running after {time.monotonic() - started:.0f} s",
@@ -285,8 +287,10 @@ def main() -> None:
         with contextlib.suppress(TimeoutError):  # reported as not shown
             wait_until(
                 lambda: all(status.shown(n) >= c for n, c in last.items()),
-                timeout=args.grace_seconds, interval=0.5, what="status to show every pod's last report",
-            )  # fmt: skip
+                timeout=args.grace_seconds,
+                interval=0.5,
+                what="status to show every pod's last report",
+            )
         sampler.stop()
         status.stop()
         operator.stop()

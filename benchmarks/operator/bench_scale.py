@@ -66,9 +66,12 @@ METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v
 def list_metadata(api, path: str) -> list[dict]:
     """The `metadata` of every object at a collection path, labelled by a DraftTraining."""
     method, url, headers, body, _ = api.param_serialize(
-        method="GET", resource_path=path, query_params=[("labelSelector", OWNED)],
-        header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"],
-    )  # fmt: skip
+        method="GET",
+        resource_path=path,
+        query_params=[("labelSelector", OWNED)],
+        header_params={"Accept": METADATA_ONLY},
+        auth_settings=["BearerToken"],
+    )
     response = api.call_api(method, url, header_params=headers, _request_timeout=30)
     return [item["metadata"] for item in json.loads(response.read()).get("items") or []]  # null when empty
 
@@ -178,8 +181,12 @@ def main() -> None:
                 first_job.setdefault(job["name"].removesuffix("-generate"), now)
             return len(first_job) >= len(names)
 
-        wait_until(lambda: poll() or len(children_complete()) >= len(names), timeout=2 * wait_s, interval=poll_s,
-                   what="every DraftTraining's first children")  # fmt: skip
+        wait_until(
+            lambda: poll() or len(children_complete()) >= len(names),
+            timeout=2 * wait_s,
+            interval=poll_s,
+            what="every DraftTraining's first children",
+        )
         # The generate Job waits for kwok to report the target Ready; on an overloaded machine kwok's
         # node heartbeats can lapse and leave targets unready, so this wait is bounded and reported.
         try:

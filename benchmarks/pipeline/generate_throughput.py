@@ -38,15 +38,24 @@ BENCH_SERVE = (
 
 
 def bench_serve(url: str, target: Path, prompts: Path, args, result_dir: Path, run: int) -> float:
-    command = [
-        sys.executable, "-c", BENCH_SERVE,
-        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-        "--model", SERVED, "--tokenizer", str(target),
-        "--dataset-name", "custom", "--dataset-path", str(prompts), "--skip-chat-template",
-        "--custom-output-len", str(args.max_tokens), "--num-prompts", str(args.num_prompts),
-        "--max-concurrency", str(args.concurrency), "--temperature", "0",
-        "--save-result", "--result-dir", str(result_dir), "--result-filename", f"bench-{run}.json",
-    ]  # fmt: skip
+    options = {
+        "--backend": "openai",
+        "--base-url": url,
+        "--endpoint": "/v1/completions",
+        "--model": SERVED,
+        "--tokenizer": target,
+        "--dataset-name": "custom",
+        "--dataset-path": prompts,
+        "--skip-chat-template": True,
+        "--custom-output-len": args.max_tokens,
+        "--num-prompts": args.num_prompts,
+        "--max-concurrency": args.concurrency,
+        "--temperature": 0,
+        "--save-result": True,
+        "--result-dir": result_dir,
+        "--result-filename": f"bench-{run}.json",
+    }
+    command = [sys.executable, "-c", BENCH_SERVE, *flags(options)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
