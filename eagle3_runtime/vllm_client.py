@@ -85,6 +85,14 @@ def collector_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+async def post_once(session: aiohttp.ClientSession, path: str, body: dict, what: str) -> dict:
+    """One request, no retries: its JSON reply, or a RuntimeError naming `what` failed."""
+    async with session.post(path, json=body, timeout=aiohttp.ClientTimeout(total=600)) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{what}: HTTP {response.status}: {(await response.text())[:300]}")
+        return await response.json(content_type=None)
+
+
 class RejectedRequest(Exception):
     """The server refused the request for good (a 4xx other than 429): retrying cannot help."""
 

@@ -80,20 +80,30 @@ def eagle3_generate(url: str, prompts: Path, args, workspace: Path) -> float:
     return json.loads((workspace / "data" / MANIFEST).read_text())["tokens_per_second"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=128)
+def parse_args(description: str, num_prompts: int) -> argparse.Namespace:
+    """The workload's flags, shared with http_clients.py."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--num-prompts", type=int, default=num_prompts)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=4)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def completion_prompts(directory: Path, count: int) -> Path:
+    """The first `count` raw completion prompts of the tiny prompt sets, as a JSONL file in `directory`."""
+    rows = (write_prompt_sets(directory / "sets")["train"] / "completion-code.jsonl").read_text().splitlines()
+    prompts = directory / "prompts.jsonl"
+    prompts.write_text("".join(line + "\n" for line in rows[:count]))
+    return prompts
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0], num_prompts=128)
     target = ensure_tiny_target()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows = (write_prompt_sets(tmp / "sets")["train"] / "completion-code.jsonl").read_text().splitlines()
-        prompts = tmp / "prompts.jsonl"
-        prompts.write_text("".join(line + "\n" for line in rows[: args.num_prompts]))
+        prompts = completion_prompts(tmp, args.num_prompts)
         with VLLMServer(target, log_path=tmp / "vllm.log", served_model_name=SERVED) as server:
             rounds = []
             bench_serve(server.url, target, prompts, args, tmp, -1)  # warm-up

@@ -10,7 +10,6 @@ and the medians. The numbers of the switch from httpx are in docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -22,8 +21,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from benchmarks.pipeline.generate_throughput import SERVED, bench_serve
-from eagle3_runtime.pipeline.prompts import write_prompt_sets
+from benchmarks.pipeline.generate_throughput import SERVED, bench_serve, completion_prompts, parse_args
 from eagle3_runtime.tiny_target import ensure_tiny_target
 from eagle3_runtime.vllm_server import VLLMServer
 
@@ -72,21 +70,12 @@ def tokens_per_second(client, url: str, prompts: list[str], args, stream: bool, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=96)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=4)
-    args = parser.parse_args()
-
+    args = parse_args(__doc__.splitlines()[0], num_prompts=96)
     target = ensure_tiny_target()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows = (write_prompt_sets(tmp / "sets")["train"] / "completion-code.jsonl").read_text().splitlines()
-        rows = rows[: args.num_prompts]
-        prompts_file = tmp / "prompts.jsonl"
-        prompts_file.write_text("".join(line + "\n" for line in rows))
-        prompts = [json.loads(line)["prompt"] for line in rows]
+        prompts_file = completion_prompts(tmp, args.num_prompts)
+        prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines()]
         per_client: dict[str, list[float]] = {}
         load = [os.getloadavg()[0]]
         with VLLMServer(target, log_path=tmp / "vllm.log", served_model_name=SERVED) as server:

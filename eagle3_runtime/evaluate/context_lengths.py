@@ -30,7 +30,7 @@ from eagle3_runtime.conversations import as_vllm_renders, load_tokenizer
 from eagle3_runtime.evaluate.config import EvaluateConfig
 from eagle3_runtime.evaluate.counters import read_spec_counters
 from eagle3_runtime.prompt_sources import Prompt, load_prompts
-from eagle3_runtime.vllm_client import open_session
+from eagle3_runtime.vllm_client import open_session, post_once
 
 SYSTEM_ROLES = ("system", "developer")
 
@@ -180,14 +180,8 @@ async def _complete(session: aiohttp.ClientSession, model: str, ids: list[int], 
         "temperature": 0.0,
         "return_token_ids": True,
     }
-    async with session.post(
-        "v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=600)
-    ) as response:
-        if response.status != 200:
-            raise RuntimeError(
-                f"a {len(ids)}-token prompt: HTTP {response.status}: {(await response.text())[:300]}"
-            )
-        choice = (await response.json(content_type=None))["choices"][0]
+    reply = await post_once(session, "v1/completions", body, f"a {len(ids)}-token prompt")
+    choice = reply["choices"][0]
     seen = len(choice.get("prompt_token_ids") or [])
     if seen != len(ids):
         raise RuntimeError(f"sent a prompt of {len(ids)} tokens, the server counted {seen}")

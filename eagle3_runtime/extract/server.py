@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from eagle3_runtime.command_line import flags
+from eagle3_runtime.vllm_client import post_once
 from eagle3_runtime.vllm_server import VLLMServer
 
 CONNECTOR_MODULE = "eagle3_runtime.connectors.hidden_states"
@@ -112,14 +113,8 @@ async def request_hidden_states(
         "temperature": 0.0,
         "kv_transfer_params": {"hidden_states_transport": transport},
     }
-    async with session.post(
-        "v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=600)
-    ) as response:
-        if response.status != 200:
-            raise RuntimeError(
-                f"extraction request failed: HTTP {response.status}: {(await response.text())[:300]}"
-            )
-        params = (await response.json(content_type=None)).get("kv_transfer_params") or {}
+    reply = await post_once(session, "v1/completions", body, "extraction request failed")
+    params = reply.get("kv_transfer_params") or {}
     if "hidden_states_error" in params:
         raise RuntimeError(f"the extraction server refused: {params['hidden_states_error']}")
     if "hidden_states_key" not in params:
