@@ -394,7 +394,7 @@ def build_tiny_family(spec: TinyFamilySpec, out_dir: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
     )
     config = family.text_config(spec, padded_vocab, ids)
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.seed)  # the initial weights
     model = AutoModelForCausalLM.from_config(config)
     log.info(
         "tiny %s: %d documents, %d tokens, vocab %d (embedding %d)",

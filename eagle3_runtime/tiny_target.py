@@ -145,7 +145,7 @@ def build_tiny_target(spec: TinyTargetSpec, out_dir: Path, train=None) -> None:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.seed)  # the initial weights
     model = LlamaForCausalLM(config)
     (train or _train)(model, stream, spec)
     save_target(

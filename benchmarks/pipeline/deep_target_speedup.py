@@ -195,8 +195,11 @@ def main() -> None:
         "--tag", default="", help="measure again under this name (a setting's result is otherwise kept)"
     )
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # training progress
-    build(args) if args.command == "build" else run(args)
+    if args.command == "build":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # training progress
+        build(args)
+    else:
+        run(args)
 
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
