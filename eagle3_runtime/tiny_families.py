@@ -16,31 +16,31 @@ chat turns), one tiny instance per family from its Hugging Face config class:
 
 The embedding matrix is padded past the tokenizer (to a multiple of 64, as Qwen and DeepSeek
 checkpoints are), so code that confuses `vocab_size` with the tokenizer's length shows up here.
-Each target is cached under `$EAGLE3_CACHE/tiny-families/<family>-<key>`, the key hashing this
-module's source and the spec; `python -m eagle3_runtime.tiny_families FAMILY` prints the folder.
+Each target is cached under `$EAGLE3_CACHE/tiny-families/<family>-<key>`, the key hashing
+RECIPE_VERSION and the spec; `python -m eagle3_runtime.tiny_families FAMILY` prints the folder.
+The shared build steps are eagle3_runtime/tiny_build.py's.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import logging
-import os
 import random
-import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eagle3_runtime.tiny_target import CHAT_INSTRUCTIONS, TinyTargetSpec, _train, cache_root, stdlib_corpus
+from eagle3_runtime import tiny_build
 
 log = logging.getLogger(__name__)
 
 VOCAB_PADDING = 64
+# Part of every cache key: bump it when a change alters a built target (tokens, documents, model,
+# training, saved files). Version 1 builds what this module's source-hashed keys built.
+RECIPE_VERSION = "1"
 
 
 @dataclass(frozen=True)
@@ -184,16 +184,6 @@ class TinyFamilySpec:
     seed: int = 0
     max_position_embeddings: int = 2048
 
-    def training(self) -> TinyTargetSpec:
-        """The fields tiny_target's training loop reads."""
-        return TinyTargetSpec(
-            seq_len=self.seq_len,
-            batch_size=self.batch_size,
-            steps=self.steps,
-            learning_rate=self.learning_rate,
-            seed=self.seed,
-        )
-
 
 def _common(spec: TinyFamilySpec, vocab_size: int, ids: dict[str, Any]) -> dict[str, Any]:
     return dict(
@@ -328,9 +318,7 @@ def family_spec(name: str, **overrides) -> TinyFamilySpec:
 
 
 def spec_key(spec: TinyFamilySpec) -> str:
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    digest.update(json.dumps(asdict(spec), sort_keys=True).encode())
-    return digest.hexdigest()[:12]
+    return tiny_build.cache_key(f"tiny-family {RECIPE_VERSION}", spec)[:12]
 
 
 def ensure_tiny_family(name: str, spec: TinyFamilySpec | None = None) -> Path:
@@ -338,49 +326,25 @@ def ensure_tiny_family(name: str, spec: TinyFamilySpec | None = None) -> Path:
     spec = spec or family_spec(name)
     if spec.family != name:
         spec = replace(spec, family=name)
-    root = cache_root() / "tiny-families"
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{name}-{spec_key(spec)}"
-    if (target / "config.json").exists():
-        return target
-    with open(root / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait
-        if (target / "config.json").exists():
-            return target
-        staging = root / f".{target.name}.building-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        build_tiny_family(spec, staging)
-        os.rename(staging, target)
-    return target
+    return tiny_build.cached_build(
+        tiny_build.cache_root() / "tiny-families",
+        f"{name}-{spec_key(spec)}",
+        lambda out: build_tiny_family(spec, out),
+    )
 
 
 def train_family_tokenizer(texts: list[str], spec: TinyFamilySpec):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     chat = FAMILIES[spec.family].chat
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+    return tiny_build.train_bpe_tokenizer(
+        texts,
+        spec.vocab_size,
         special_tokens=chat.special_tokens,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=chat.bos,
-        eos_token=chat.eos,
-        pad_token=chat.end_of_text,
-        additional_special_tokens=[
-            t for t in chat.special_tokens if t not in (chat.bos, chat.eos, chat.end_of_text)
-        ],
+        bos=chat.bos,
+        eos=chat.eos,
+        pad=chat.end_of_text,
+        chat_template=chat.template,
         model_max_length=spec.max_position_embeddings,
     )
-    fast.chat_template = chat.template
-    return fast
 
 
 def reasoning_for(prompt: str, instruction: str) -> str:
@@ -394,39 +358,34 @@ def training_documents(texts: list[str], spec: TinyFamilySpec, tokenizer, rng: r
     """Raw source files, and chat turns (rendered with the family's template) continuing a snippet."""
     family = FAMILIES[spec.family]
     chat = family.chat
-    documents = []
-    for text in texts:
-        if rng.random() >= spec.chat_fraction:
-            documents.append((chat.bos or "") + text + chat.end_of_text)
-            continue
-        lines = text.splitlines(keepends=True)
-        start = rng.randrange(max(1, len(lines) - 8))
-        cut = start + rng.randint(2, 8)
-        prompt, answer = "".join(lines[start:cut]), "".join(lines[cut : cut + rng.randint(6, 24)])
-        instruction = rng.choice(CHAT_INSTRUCTIONS)
+
+    def turn(instruction: str, prompt: str, answer: str) -> str:
         reply: dict[str, str] = {"role": "assistant", "content": answer}
         if family.reasoning and rng.random() < 0.7:  # mostly thinking, sometimes not, as served
             reply["reasoning_content"] = reasoning_for(prompt, instruction)
         messages = [{"role": "user", "content": f"{instruction}\n{prompt}"}, reply]
-        documents.append(tokenizer.apply_chat_template(messages, tokenize=False))
-    return documents
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+
+    return tiny_build.continuation_documents(
+        texts,
+        spec.chat_fraction,
+        rng,
+        raw=lambda text: (chat.bos or "") + text + chat.end_of_text,
+        chat=turn,
+        max_answer_lines=24,
+    )
 
 
 def build_tiny_family(spec: TinyFamilySpec, out_dir: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     started = time.monotonic()
     family = FAMILIES[spec.family]
-    rng = random.Random(spec.seed)
-    torch.manual_seed(spec.seed)
-    texts = stdlib_corpus(spec.corpus_megabytes)
-    tokenizer = train_family_tokenizer(texts, spec)
-    documents = training_documents(texts, spec, tokenizer, rng)
-    rng.shuffle(documents)
-    stream = torch.tensor(
-        [i for doc in tokenizer(documents, add_special_tokens=False)["input_ids"] for i in doc],
-        dtype=torch.long,
+    tokenizer, documents, stream = tiny_build.training_text(
+        spec,
+        lambda texts: train_family_tokenizer(texts, spec),
+        lambda texts, tokenizer, rng: training_documents(texts, spec, tokenizer, rng),
     )
     padded_vocab = -(-len(tokenizer) // VOCAB_PADDING) * VOCAB_PADDING + VOCAB_PADDING
     ids = dict(
@@ -435,26 +394,23 @@ def build_tiny_family(spec: TinyFamilySpec, out_dir: Path) -> None:
         pad_token_id=tokenizer.pad_token_id,
     )
     config = family.text_config(spec, padded_vocab, ids)
+    torch.manual_seed(spec.seed)  # the initial weights
     model = AutoModelForCausalLM.from_config(config)
-    log.info("tiny %s: %d documents, %d tokens, vocab %d (embedding %d)",
-             spec.family, len(documents), len(stream), len(tokenizer), padded_vocab)  # fmt: skip
-    _train(model, stream, spec.training())
+    log.info(
+        "tiny %s: %d documents, %d tokens, vocab %d (embedding %d)",
+        spec.family,
+        len(documents),
+        len(stream),
+        len(tokenizer),
+        padded_vocab,
+    )
+    tiny_build.train_causal_lm(model, stream, spec, max_threads=2)
 
-    out_dir.mkdir(parents=True)
-    model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(family.chat.end_of_text)}
+    tiny_build.save_target(model, tokenizer, out_dir, stop_ids=sorted(stop_ids))
     if family.wrapper == "kimi_k25":
         _wrap_as_kimi_k25(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    _write_tokenizer_config(out_dir, family.chat.template)
-    stop_ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(family.chat.end_of_text)]
-    GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=sorted(set(stop_ids)),
-        pad_token_id=tokenizer.pad_token_id,
-    ).save_pretrained(out_dir)
-    (out_dir / "tiny_family.json").write_text(
-        json.dumps({**asdict(spec), "build_seconds": round(time.monotonic() - started, 1)}, indent=2)
-    )
+    tiny_build.write_build_record(out_dir / "tiny_family.json", spec, started)
 
 
 def _wrap_as_kimi_k25(out_dir: Path) -> None:
@@ -478,7 +434,7 @@ def _wrap_as_kimi_k25(out_dir: Path) -> None:
             "num_hidden_layers": 1,
             "num_attention_heads": 2,
             "intermediate_size": 128,
-        },  # fmt: skip
+        },
         "projection_hidden_size": 64,
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
@@ -486,17 +442,11 @@ def _wrap_as_kimi_k25(out_dir: Path) -> None:
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     weights = load_file(str(out_dir / "model.safetensors"))
-    save_file({f"language_model.{name}": t for name, t in weights.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})  # fmt: skip
-
-
-def _write_tokenizer_config(out_dir: Path, template: str) -> None:
-    """The classic fast-tokenizer class and the chat template inside tokenizer_config.json, which
-    vLLM's renderer and readers older than transformers 5 look for."""
-    path = out_dir / "tokenizer_config.json"
-    config = json.loads(path.read_text())
-    config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=template)
-    path.write_text(json.dumps(config, indent=2))
+    save_file(
+        {f"language_model.{name}": t for name, t in weights.items()},
+        str(out_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 if __name__ == "__main__":

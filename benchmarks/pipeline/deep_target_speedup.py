@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
-import math
+import logging
 import os
 import platform
 import shutil
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from eagle3_runtime import tiny_target
+from eagle3_runtime.tiny_build import train_causal_lm
 
 DEEP_TARGET = tiny_target.TinyTargetSpec(
     layers=24,
@@ -47,43 +49,8 @@ DEEP_TARGET = tiny_target.TinyTargetSpec(
 
 
 def train_on_device(device: str):
-    """A replacement for tiny_target's 2-thread CPU loop: the same objective on `device`, bf16 autocast."""
-    import torch
-
-    def train(model, stream, spec: tiny_target.TinyTargetSpec) -> None:
-        model.to(device).train()
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=spec.learning_rate,
-            weight_decay=0.01,
-            betas=(0.9, 0.95),
-            fused=device == "cuda",
-        )
-        warmup = max(1, spec.steps // 20)
-
-        def lr_factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, spec.steps - warmup)))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-        generator = torch.Generator().manual_seed(spec.seed)
-        tokens = stream.to(device)
-        for step in range(spec.steps):
-            starts = torch.randint(0, len(stream) - spec.seq_len - 1, (spec.batch_size,), generator=generator)
-            batch = torch.stack([tokens[s : s + spec.seq_len] for s in starts.tolist()])
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-                loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step % 250 == 0 or step == spec.steps - 1:
-                print(f"target step {step + 1}/{spec.steps} loss {loss.item():.3f}", flush=True)
-        model.to("cpu").eval()
-
-    return train
+    """tiny_target's training run on `device` (bf16 autocast on CUDA), without its 2-thread cap."""
+    return functools.partial(train_causal_lm, device=device)
 
 
 def build(args: argparse.Namespace) -> None:
@@ -98,10 +65,8 @@ def build(args: argparse.Namespace) -> None:
         intermediate=args.intermediate
         or 8 * round(DEEP_TARGET.intermediate * hidden / DEEP_TARGET.hidden / 8),
     )
-    # tiny_target's own source is the cache key of the tests' target, so it stays CPU-only; its
-    # build steps (tokenizer, documents, config, saving) are reused with this loop swapped in.
-    tiny_target._train = train_on_device(args.device)
-    tiny_target.build_tiny_target(spec, args.out)
+    # tiny_target's build (tokenizer, documents, config, saving) with its training run on `--device`.
+    tiny_target.build_tiny_target(spec, args.out, train=train_on_device(args.device))
     built = json.loads((args.out / "tiny_target.json").read_text())
     built.update(device=args.device, python=platform.python_version(), corpus="this Python's stdlib")
     (args.out / "tiny_target.json").write_text(json.dumps(built, indent=2))
@@ -230,7 +195,11 @@ def main() -> None:
         "--tag", default="", help="measure again under this name (a setting's result is otherwise kept)"
     )
     args = parser.parse_args()
-    build(args) if args.command == "build" else run(args)
+    if args.command == "build":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # training progress
+        build(args)
+    else:
+        run(args)
 
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,13 +6,17 @@ Both clients run as command-line processes of their own (`eagle3 generate`, `vll
 and send the same raw completion prompts (cut from the standard library) to one vLLM CPU server
 on the tiny target, greedy, stopping at the model's end of text. Runs alternate in
 ABBA order (bench, generate, generate, bench, ...) so a load trend on the machine favours neither;
-the result gives each round's throughputs and ratio, and the median ratio. Prints one JSON line.
+the result gives each round's throughputs and ratio, and the median ratio. Prints one JSON line;
+`--out FILE` also writes it, with date, machine, command and load average, as the raw JSON that
+docs/benchmarks.md links (benchmarks/pipeline/results/).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -22,6 +26,7 @@ from pathlib import Path
 
 from eagle3_runtime.command_line import flags
 from eagle3_runtime.conversations import MANIFEST
+from eagle3_runtime.evaluate.rounds import load_average, utc_now
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.tiny_target import ensure_tiny_target
 from eagle3_runtime.vllm_server import VLLMServer
@@ -87,7 +92,24 @@ def parse_args(description: str, num_prompts: int) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out", type=Path, help="also write the result and how it was measured here (JSON)")
     return parser.parse_args()
+
+
+def write_raw(path: Path | None, result: dict, started: str, load_before: list[float]) -> None:
+    """`result` with when, where and how it was measured, to `path` (nothing when None)."""
+    if path is None:
+        return
+    raw = {
+        "date": started,
+        "finished": utc_now(),
+        "machine": f"{platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "command": " ".join(["python", *sys.argv]),
+        "load_average_before_after": [load_before, load_average()],
+        **result,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(raw, indent=1) + "\n")
 
 
 def completion_prompts(directory: Path, count: int) -> Path:
@@ -101,6 +123,7 @@ def completion_prompts(directory: Path, count: int) -> Path:
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], num_prompts=128)
     target = ensure_tiny_target()
+    started, load_before = utc_now(), load_average()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         prompts = completion_prompts(tmp, args.num_prompts)
@@ -124,6 +147,7 @@ def main() -> None:
         "median_ratio": round(statistics.median(ratios), 3),
     }
     print(json.dumps(result))
+    write_raw(args.out, result, started, load_before)
 
 
 if __name__ == "__main__":

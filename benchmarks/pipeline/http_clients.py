@@ -21,7 +21,14 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from benchmarks.pipeline.generate_throughput import SERVED, bench_serve, completion_prompts, parse_args
+from benchmarks.pipeline.generate_throughput import (
+    SERVED,
+    bench_serve,
+    completion_prompts,
+    parse_args,
+    write_raw,
+)
+from eagle3_runtime.evaluate.rounds import load_average, utc_now
 from eagle3_runtime.tiny_target import ensure_tiny_target
 from eagle3_runtime.vllm_server import VLLMServer
 
@@ -72,6 +79,7 @@ def tokens_per_second(client, url: str, prompts: list[str], args, stream: bool, 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], num_prompts=96)
     target = ensure_tiny_target()
+    started, load_before = utc_now(), load_average()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         prompts_file = completion_prompts(tmp, args.num_prompts)
@@ -92,18 +100,16 @@ def main() -> None:
                             tokens_per_second(client, server.url, prompts, args, stream, tokens)
                         )
         load.append(os.getloadavg()[0])
-    print(
-        json.dumps(
-            {
-                "num_prompts": args.num_prompts,
-                "max_tokens": args.max_tokens,
-                "concurrency": args.concurrency,
-                "tokens_per_second": per_client,
-                "median": {name: statistics.median(values) for name, values in per_client.items()},
-                "load_average_before_after": [round(x, 1) for x in load],
-            }
-        )
-    )
+    result = {
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "tokens_per_second": per_client,
+        "median": {name: statistics.median(values) for name, values in per_client.items()},
+        "load_average_before_after": [round(x, 1) for x in load],
+    }
+    print(json.dumps(result))
+    write_raw(args.out, result, started, load_before)
 
 
 if __name__ == "__main__":

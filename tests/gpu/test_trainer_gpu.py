@@ -11,8 +11,8 @@ import torch
 
 from eagle3_runtime.model.loss import TTTBatch, compiled_ttt_loss, ttt_loss
 from eagle3_runtime.model.vocab import build_draft_vocab
-from tests.runtime.test_model import tiny_draft
-from tests.runtime.test_trainer import losses, make_trainer
+from tests.runtime.model.test_model import tiny_draft
+from tests.runtime.train.test_trainer import losses, make_trainer
 
 # FlexAttention's GPU kernels need a head dimension of at least 16 (the CPU tests use 8).
 FLEX_HEAD_DIM = 16

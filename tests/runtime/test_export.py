@@ -11,7 +11,7 @@ from eagle3_api.workspace import LATEST_EXPORT, Workspace, export_version
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import EXPORT_MANIFEST, draft_digest, write_eagle3_dir
 from eagle3_runtime.train.checkpoint import write_checkpoint
-from tests.runtime.test_model import tiny_draft
+from tests.runtime.model.test_model import tiny_draft
 
 
 def test_d2t_and_t2d_only_when_the_draft_vocabulary_is_smaller(tmp_path):

@@ -16,7 +16,7 @@ from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.export import write_eagle3_dir
 from eagle3_runtime.model.attention import TTTAttention
 from eagle3_runtime.quantize import dequantized_fp8_weights, load_draft
-from tests.runtime.test_model import tiny_draft, tiny_target_config
+from tests.runtime.model.test_model import tiny_draft, tiny_target_config
 
 
 def fp8_tensor_spec(is_dynamic: bool, ch_axis: int) -> dict:

@@ -28,7 +28,8 @@ from eagle3_runtime.hidden_states import write_samples
 from eagle3_runtime.model.config import draft_config_from_target, resolve_layer_ids
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead, load_target_config
-from eagle3_runtime.tiny_target import CHAT_INSTRUCTIONS, ensure_tiny_target, stdlib_corpus
+from eagle3_runtime.tiny_build import CHAT_INSTRUCTIONS
+from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.support.vllm_server import running_vllm
 
 NUM_TRAIN_PROMPTS, NUM_EVAL_PROMPTS = 128, 16

@@ -11,7 +11,7 @@ from eagle3_runtime.model.config import draft_config_from_target
 from eagle3_runtime.model.draft import Eagle3Draft, init_weights
 from eagle3_runtime.model.vocab import DraftVocab
 from eagle3_runtime.train.initialization import warm_start
-from tests.runtime.test_model import tiny_draft, tiny_target_config
+from tests.runtime.model.test_model import tiny_draft, tiny_target_config
 
 
 def _source(tmp_path, used_ids, num_layers=1, seed=3, **target_overrides):

@@ -1,6 +1,6 @@
 """`eagle3 generate` on a reasoning, tool-calling model family, against real vLLM.
 
-The tiny target is served with a Qwen3-shaped chat template (tests/pipeline/chat_shapes.py) and
+The tiny target is served with a Qwen3-shaped chat template (tests/runtime/chat_shapes.py) and
 vLLM's own `qwen3` reasoning parser and `hermes` tool parser. The tiny target cannot decide on
 its own to think or to call a tool, so a real HTTP proxy adds a structured-outputs regex to each
 request (a `<think>` block, then a tool call where the conversation offers tools and ends with a
@@ -28,9 +28,9 @@ from eagle3_runtime.conversations import (
     record_sequences,
 )
 from eagle3_runtime.tiny_target import END_OF_TURN
-from tests.pipeline.chat_shapes import qwen3_style_target
-from tests.pipeline.conftest import SERVED_NAME
-from tests.pipeline.flaky_proxy import FlakyProxy
+from tests.runtime.chat_shapes import qwen3_style_target
+from tests.runtime.conftest import SERVED_NAME
+from tests.runtime.flaky_proxy import FlakyProxy
 from tests.support.vllm_server import running_vllm
 
 pytestmark = pytest.mark.slow

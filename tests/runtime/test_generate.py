@@ -23,8 +23,8 @@ from eagle3_runtime.conversations import (
     record_sequences,
 )
 from eagle3_runtime.tiny_target import END_OF_TURN, stdlib_corpus
-from tests.pipeline.conftest import SERVED_NAME
-from tests.pipeline.flaky_proxy import FlakyProxy
+from tests.runtime.conftest import SERVED_NAME
+from tests.runtime.flaky_proxy import FlakyProxy
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from eagle3_runtime.train.distributed import init_distributed
 from eagle3_runtime.train.synthetic import synthetic_samples, synthetic_target
 from eagle3_runtime.train.trainer import METRICS_FILE, DraftTrainer, TrainSettings
 from eagle3_runtime.vllm_server import free_port
-from tests.runtime.test_model import tiny_target_config
+from tests.runtime.model.test_model import tiny_target_config
 
 VOCAB, HIDDEN = 64, 32
 
@@ -114,7 +114,7 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
 def _start_world(world_size: int, out: Path, *args: str) -> list[subprocess.Popen]:
     """One process per rank, as torchrun starts them (this file's __main__)."""
     # The repository root, so that this file run as a script imports `tests` as pytest's process does.
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),

@@ -18,7 +18,7 @@ from eagle3_runtime.conversations import (
     tokenized_records,
 )
 from eagle3_runtime.tiny_target import CHAT_TEMPLATE, stdlib_corpus, train_tokenizer
-from tests.pipeline.chat_shapes import QWEN3_STYLE_TEMPLATE
+from tests.runtime.chat_shapes import QWEN3_STYLE_TEMPLATE
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from eagle3_api.workspace import Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import HiddenStateSample, write_samples
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead
-from tests.runtime.test_model import tiny_target_config
+from tests.runtime.model.test_model import tiny_target_config
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def test_evaluation_context_lengths_reach_eagle3_evaluate():
 
     from eagle3_api import stage_plan
     from eagle3_api.draft_training import DraftTraining
-    from tests.pipeline.test_stage_plan import TINY_CPU, _Anywhere
+    from tests.api.test_stage_plan_unit import TINY_CPU, _Anywhere
 
     unset = yaml.safe_load(TINY_CPU.read_text())
     asked = yaml.safe_load(TINY_CPU.read_text())
