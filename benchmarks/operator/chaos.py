@@ -7,10 +7,12 @@ stage pods and serving pods are killed.
 
 Set-up: two operator replicas with Lease leader election (the short Lease timings of the leader
 election test), in one manual namespace: this process plays every stage pod (it completes each
-Running stage pod with the stage's fake result after a seeded 2-8 s), and, like a kubelet's
+Running stage pod with the stage's fake result after a seeded 3-10 s), and, like a kubelet's
 restartPolicy Always, starts again any replica that exits (a replica that cannot renew its Lease
 while the API server is down exits by design). The pipelines and deployments are created at seeded
-moments through the first part of the run, so faults land in every phase of them.
+moments through the expected fault window (pipelines until a minute before its end, deployments in
+its first half), so faults land in every phase of them; each fault records how many pipelines
+were in flight (not yet Succeeded or Failed at the ledger's last look) when it struck.
 
 Faults, one after the other (each waits for its recovery, then a seeded 2-6 s gap):
   operator-leader   SIGKILL the replica that leads; the standby must take over; the killed one starts again
@@ -63,8 +65,10 @@ from tests.operator.harness import (
 from tests.support.cluster import ApiError, LocalCluster, wait_until
 
 KINDS = ("operator-leader", "kube-apiserver", "etcd", "stage-pod-delete", "stage-pod-fail", "serving-pod")
-STAGE_SECONDS = (2.0, 8.0)
+STAGE_SECONDS = (3.0, 10.0)
 GAP_SECONDS = (2.0, 6.0)
+EXPECTED_RECOVERY_S = 5.0  # a fault's mean time to recover (pilot run): to spread the objects over the run
+LAST_PIPELINE_S = 60.0  # the last pipeline starts this long before the faults are expected to end
 DOWN_SECONDS = (0.5, 3.0)
 RECOVERY_TIMEOUT_S = 90.0
 FINISH_TIMEOUT_S = 600.0
@@ -217,8 +221,8 @@ class Chaos:
         except UNAVAILABLE:
             return False
 
-    def inject(self, kind: str) -> dict[str, Any]:
-        fault: dict[str, Any] = {"at_s": self.now(), "kind": kind}
+    def inject(self, kind: str, ledger: ChildLedger) -> dict[str, Any]:
+        fault: dict[str, Any] = {"at_s": self.now(), "kind": kind, "pipelines_in_flight": ledger.in_flight()}
         began = time.monotonic()
         try:
             recovered = getattr(self, "_" + kind.replace("-", "_"))(fault)
@@ -379,12 +383,14 @@ def main() -> None:
         chaos = Chaos(args, cluster, ns, started)
         kinds = chaos.schedule()
         gaps = [chaos.rng.uniform(*GAP_SECONDS) for _ in kinds]
-        # Objects appear through the first half of the expected fault window.
-        window = sum(gaps) / 2
+        window = sum(gaps) + EXPECTED_RECOVERY_S * len(kinds)
+        last = max(window - LAST_PIPELINE_S, window / 2)
         plan = [
-            (chaos.rng.uniform(0, window), draft_training_path(ns), training_body(ns, n)) for n in trainings
+            (chaos.rng.uniform(0, last), draft_training_path(ns), training_body(ns, n)) for n in trainings
         ]
-        plan += [(chaos.rng.uniform(0, window), spec_decode_path(ns), _serving_body(ns, n)) for n in servings]
+        plan += [
+            (chaos.rng.uniform(0, window / 2), spec_decode_path(ns), _serving_body(ns, n)) for n in servings
+        ]
         plan.sort(key=lambda entry: entry[0])
         ledger = ChildLedger(cluster, [ns])
         chaos.replicas.start()
@@ -396,7 +402,7 @@ def main() -> None:
             # Faults from this (the test bed's) thread: components restarted here die with it.
             for kind, gap in zip(kinds, gaps, strict=True):
                 time.sleep(gap)
-                fault = chaos.inject(kind)
+                fault = chaos.inject(kind, ledger)
                 print(f"{fault}", flush=True)
                 faults.append(fault)
             creator.join()
@@ -456,6 +462,7 @@ def main() -> None:
             counter["skipped"] += 1
             continue
         counter["injected"] += 1
+        counter["with_pipelines_in_flight"] += fault["pipelines_in_flight"] > 0
         counter["recovered"] += bool(fault.get("recovered"))
         # Survived: recovered, and the run as a whole ended clean (every count 0, everything done).
         counter["survived"] += bool(fault.get("recovered")) and clean

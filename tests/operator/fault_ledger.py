@@ -168,6 +168,15 @@ class ChildLedger:
                 self.changed[owner].add(key)
         self.changed[owner].update(key for key in first if key not in results)
 
+    def in_flight(self) -> int:
+        """DraftTrainings whose last look showed them neither Succeeded nor Failed."""
+        with self._lock:
+            return sum(
+                (body.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                for (_, kind, _), body in self.bodies.items()
+                if kind == "DraftTraining"
+            )
+
     # ---- counting ----------------------------------------------------------------------------
 
     def _duplicated(self, ns: str, kind: str, name: str) -> int:
