@@ -71,7 +71,7 @@ EXPECTED_RECOVERY_S = 5.0  # a fault's mean time to recover (pilot run): to spre
 LAST_PIPELINE_S = 60.0  # the last pipeline starts this long before the faults are expected to end
 DOWN_SECONDS = (0.5, 3.0)
 RECOVERY_TIMEOUT_S = 90.0
-FINISH_TIMEOUT_S = 600.0
+FINISH_TIMEOUT_S = 300.0  # over two resync periods (120 s): an object whose events were all lost still ends
 STAGE_LABEL = "eagle3.ai/stage"
 SERVING_LABEL = "eagle3.ai/spec-decode-deployment"
 
