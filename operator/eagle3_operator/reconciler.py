@@ -146,7 +146,11 @@ class Reconciler:
             try:
                 next_pass = self._process(item)
             except NotLeader:
-                log.warning("%s %s/%s: not the leader any more; not reconciling", *item)
+                # Fenced: the Lease went unrenewed past the renew deadline (the API server was
+                # unreachable). A replica that has lost it exits; one whose late renewal succeeds
+                # leads on and must still reconcile this object, so the key stays queued.
+                delay = self.queue.add_rate_limited(item)
+                log.warning("%s %s/%s: not holding the leader Lease; again in %.1f s", *item, delay)
                 next_pass = None
             except Exception:  # noqa: BLE001 - logged; the key comes back after its backoff
                 delay = self.queue.add_rate_limited(item)

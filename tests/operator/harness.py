@@ -28,6 +28,15 @@ from tests.support.cluster import ApiError, LocalCluster, wait_until
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "crds"
 GROUP_PATH = "/apis/eagle3.ai/v1alpha1"
+# Leader-election arguments with short Lease timings (the defaults are 15 / 10 / 2 s): a quick takeover.
+SHORT_LEASE = (
+    "--leader-elect-lease-duration",
+    "4",
+    "--leader-elect-renew-deadline",
+    "3",
+    "--leader-elect-retry-period",
+    "1",
+)
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE"}
 WATCHED_RESOURCES = {
     "drafttrainings",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.operator.harness import (
+    SHORT_LEASE,
     STAGE_JOBS,
     complete_stage,
     draft_training_path,
@@ -21,15 +22,6 @@ from tests.operator.harness import (
 )
 from tests.support.cluster import wait_until
 
-# Short Lease timings (the defaults are 15 / 10 / 2 s) keep the takeover quick.
-LEASE = (
-    "--leader-elect-lease-duration",
-    "4",
-    "--leader-elect-renew-deadline",
-    "3",
-    "--leader-elect-retry-period",
-    "1",
-)
 WRITES = ("create", "patch", "apply", "delete")
 
 
@@ -44,7 +36,7 @@ def _lease(cluster, ns) -> dict:
 def test_standby_takes_over_when_the_leader_is_killed_mid_pipeline(crds, manual_namespace, start_operator):
     cluster, ns = crds, manual_namespace
     prepare_training_volumes(cluster, ns)
-    args = ("--leader-elect", "--leader-elect-resource-namespace", ns, *LEASE)
+    args = ("--leader-elect", "--leader-elect-resource-namespace", ns, *SHORT_LEASE)
     leader = start_operator(ns, args=args)
     wait_until(
         lambda: leader.metric("eagle3_operator_leader") == 1, timeout=30, what="the first replica to lead"

@@ -37,6 +37,9 @@ API (stable; other test suites build on it):
         cluster.log_dir                      # component logs
         cluster.check_running()              # ClusterError (with log tail) if a component died
         cluster.pids, cluster.ports          # component process ids, loopback ports
+        cluster.kill_component("etcd")       # SIGKILL it (a crash); "kube-apiserver", any component
+        cluster.restart_component("etcd")    # start it again in place (same command line: ports, data
+                                             #   dir, certificates), wait until etcd / the API server is healthy
         cluster.start_timings                # seconds from start() to each readiness step
     wait_until(predicate, timeout=..., interval=..., what="...")       # polling helper
 
@@ -165,6 +168,9 @@ class _Component:
     name: str
     process: subprocess.Popen
     log: Path
+    # What started it, to start it again in place (restart_component).
+    args: list[str]
+    env: dict[str, str] | None
 
     def log_tail(self, lines: int = 15) -> str:
         text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
@@ -199,6 +205,7 @@ class LocalCluster(KubeApi):
         self.server = ""
         self.ports: dict[str, int] = {}
         self._components: list[_Component] = []
+        self._stopped: dict[str, _Component] = {}  # killed by kill_component, by name
         self._admin_ssl: ssl.SSLContext | None = None
         self._started_at = 0.0
         # Seconds from start() until each readiness check passed, in order (for benchmarks).
@@ -333,9 +340,11 @@ class LocalCluster(KubeApi):
             node.start(self, self._spawn, lambda what, ready: self._wait(deadline, what, ready), ca)
             self._wait(deadline, "the real node Ready with its GPUs, CoreDNS Ready", lambda: node.ready(self))
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, *, log_mode: str = "wb"
+    ) -> subprocess.Popen:
         log = self.log_dir / f"{name}.log"
-        with log.open("wb") as out:
+        with log.open(log_mode) as out:
             process = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
@@ -346,8 +355,47 @@ class LocalCluster(KubeApi):
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        self._components.append(_Component(name, process, log))
+        self._components.append(_Component(name, process, log, args, env))
         return process
+
+    # ---- faults ----------------------------------------------------------------------------------
+
+    def kill_component(self, name: str) -> None:
+        """SIGKILL a component's process group, as a crash would (no graceful shutdown); it stays down
+        until restart_component(name)."""
+        component = self._component(name)
+        self._signal(component, signal.SIGKILL)
+        component.process.wait()
+        self._components.remove(component)
+        self._stopped[name] = component
+
+    def restart_component(self, name: str, timeout: float = START_TIMEOUT_S) -> None:
+        """Start a component again with the command line it had (same ports, data dir, certificates),
+        its log appended to, killing it first if it runs; wait until it is healthy (etcd, the API
+        server) or, for the others, until it has not exited. Call it from a long-lived thread (see
+        _die_with_parent)."""
+        if name not in self._stopped:
+            self.kill_component(name)
+        old = self._stopped.pop(name)
+        with old.log.open("ab") as log:
+            log.write(f"\n===== restarted by the test bed at {time.strftime('%H:%M:%S')} =====\n".encode())
+        self._spawn(name, old.args, old.env, log_mode="ab")
+        ready = {
+            "etcd": self._etcd_healthy,
+            "kube-apiserver": lambda: self._get_ok(f"{self.server}/readyz"),
+        }.get(name, lambda: True)
+
+        def healthy() -> object:
+            self.check_running(f"restarting {name}")
+            return ready()
+
+        wait_until(healthy, timeout=timeout, interval=0.05, what=f"{name} to be healthy again")
+
+    def _component(self, name: str) -> _Component:
+        found = [c for c in self._components if c.name == name]
+        if not found:
+            raise ClusterError(f"no running component {name!r}; running: {sorted(self.pids)}")
+        return found[0]
 
     def check_running(self, doing: str = "running") -> None:
         """Raise ClusterError naming the first component that has exited, with its log's last lines."""
