@@ -108,9 +108,10 @@ def build(args: argparse.Namespace) -> None:
     print(json.dumps(built))
 
 
-def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None):
+def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None, customize=None):
     """The tiny-cpu pipeline on the deeper target with this benchmark's draft budget (`evaluation`:
-    more keys of spec.evaluation); (manifest body, PipelineConfig, pipeline StageResult)."""
+    more keys of spec.evaluation; `customize(spec, volumes)`: last changes to the manifest's spec
+    and claims); (manifest body, PipelineConfig, pipeline StageResult)."""
     # Imported here: `build` runs on GPU machines that have only torch and transformers.
     import yaml
 
@@ -142,6 +143,8 @@ def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None):
     spec["data"] |= {"numSamples": args.num_samples, "concurrency": args.generate_concurrency}
     spec["training"] |= {"steps": args.draft_steps, "checkpointEvery": args.checkpoint_every}
     spec["evaluation"] |= {"everyCheckpoints": args.evaluate_every, **(evaluation or {})}
+    if customize:
+        customize(spec, volumes)
     manifest_file = workspace / "drafttraining.yaml"
     manifest_file.write_text(yaml.safe_dump(body, sort_keys=False))
     config = load_config(manifest_file, volumes)

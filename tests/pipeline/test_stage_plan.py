@@ -121,6 +121,21 @@ def test_data_generation_settings_reach_eagle3_generate():
     assert (defaults.max_length, defaults.long_samples) == (2047, "truncate")
 
 
+def test_extraction_reads_the_samples_as_long_as_generate_kept_them():
+    """Long samples (data.maxLength 8192) are extracted whole, not cut at the extract stage's
+    default of 2047 tokens."""
+    import argparse
+
+    from eagle3_runtime.stages import extract
+
+    training = _training(data={**_training().spec.data.model_dump(by_alias=True), "maxLength": 8192})
+    parser = argparse.ArgumentParser()
+    extract.add_arguments(parser)
+    offline = stage_plan.stage_argv(training, "extract", _Anywhere())
+    streaming = stage_plan.stream_server_argv(training, _Anywhere(), 8000, 5600)
+    assert [parser.parse_args(argv[1:]).max_length for argv in (offline, streaming)] == [8192, 8192]
+
+
 @pytest.mark.parametrize("mode", ["offline", "streaming"])
 def test_every_stage_that_reads_the_target_reads_its_pinned_revision(mode):
     """target.revision reaches the vLLM servers as --revision (reconcile/pods.py) and, as
