@@ -112,13 +112,23 @@ def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None, custo
     """The tiny-cpu pipeline on the deeper target with this benchmark's draft budget (`evaluation`:
     more keys of spec.evaluation; `customize(spec, volumes)`: last changes to the manifest's spec
     and claims); (manifest body, PipelineConfig, pipeline StageResult)."""
+    from eagle3_runtime.pipeline.runner import PipelineRunner
+
+    body, config = pipeline_config(args, evaluation, customize)
+    pipeline = PipelineRunner(config, args.workspace).run()
+    if not pipeline.ok:
+        sys.exit(f"pipeline failed: {pipeline.message}")
+    return body, config, pipeline
+
+
+def pipeline_config(args: argparse.Namespace, evaluation: dict | None = None, customize=None):
+    """run_pipeline's manifest, written to the workspace: (manifest body, PipelineConfig)."""
     # Imported here: `build` runs on GPU machines that have only torch and transformers.
     import yaml
 
     from eagle3_runtime.pipeline.config import load_config
     from eagle3_runtime.pipeline.presets import manifest
     from eagle3_runtime.pipeline.prompts import write_prompt_sets
-    from eagle3_runtime.pipeline.runner import PipelineRunner
 
     workspace = args.workspace
     workspace.mkdir(parents=True, exist_ok=True)
@@ -147,11 +157,7 @@ def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None, custo
         customize(spec, volumes)
     manifest_file = workspace / "drafttraining.yaml"
     manifest_file.write_text(yaml.safe_dump(body, sort_keys=False))
-    config = load_config(manifest_file, volumes)
-    pipeline = PipelineRunner(config, workspace).run()
-    if not pipeline.ok:
-        sys.exit(f"pipeline failed: {pipeline.message}")
-    return body, config, pipeline
+    return body, load_config(manifest_file, volumes)
 
 
 def run(args: argparse.Namespace) -> None:
