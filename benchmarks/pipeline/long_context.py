@@ -52,6 +52,10 @@ LONG_TARGET = dataclasses.replace(
     batch_size=8,
     steps=1000,
 )
+# Positions the target serves past its 8192-token training windows: an 8192-token prompt's
+# answer. vLLM sizes its RoPE table by max_position_embeddings (a position past it crashed the
+# server) and default RoPE's frequencies do not depend on it, so it changes no weight.
+ANSWER_ROOM = 256
 CONTEXT_LENGTHS = (1024, 2048, 4096, 8192)
 BAR = 0.95
 MARGIN = 64  # the completion endpoint re-tokenizes a long row's decoded text: a few tokens either way
@@ -59,7 +63,8 @@ MARGIN = 64  # the completion endpoint re-tokenizes a long row's decoded text: a
 
 def with_long_context(train, context: int, rope_theta: float):
     """`train` (tiny_target's training hook) on a model whose config says `context` positions and
-    `rope_theta`: set before the first step, so the weights are trained with them and saved with them."""
+    `rope_theta`: set before the first step, so the weights are trained with them and saved with them
+    (the windows are the spec's `seq_len`)."""
 
     def train_long(model, stream, spec) -> None:
         config = model.config
@@ -70,7 +75,7 @@ def with_long_context(train, context: int, rope_theta: float):
         rotary = model.model.rotary_emb
         model.model.rotary_emb = type(rotary)(config=config)
         train(model, stream, spec)
-        LOSS_BY_POSITION.update(loss_by_position(model, stream, context))
+        LOSS_BY_POSITION.update(loss_by_position(model, stream, spec.seq_len))
 
     return train_long
 
@@ -101,19 +106,20 @@ def build(args: argparse.Namespace) -> None:
 
     spec = dataclasses.replace(LONG_TARGET, layers=args.layers, steps=args.steps, batch_size=args.batch_size)
     tiny_target._train = with_long_context(
-        deep_target_speedup.train_on_device(args.device), CONTEXT, ROPE_THETA
+        deep_target_speedup.train_on_device(args.device), CONTEXT + ANSWER_ROOM, ROPE_THETA
     )
     tiny_target.build_tiny_target(spec, args.out)
     # The tokenizer's own limit follows the context (tiny_target writes its 2048).
     tokenizer_config = args.out / "tokenizer_config.json"
     config = json.loads(tokenizer_config.read_text())
-    tokenizer_config.write_text(json.dumps({**config, "model_max_length": CONTEXT}, indent=2))
+    tokenizer_config.write_text(json.dumps({**config, "model_max_length": CONTEXT + ANSWER_ROOM}, indent=2))
     built = json.loads((args.out / "tiny_target.json").read_text())
     built.update(
         device=args.device,
         python=platform.python_version(),
         corpus="this Python's stdlib",
-        max_position_embeddings=CONTEXT,
+        max_position_embeddings=CONTEXT + ANSWER_ROOM,
+        training_window=CONTEXT,
         rope_theta=ROPE_THETA,
         loss_by_position=LOSS_BY_POSITION,
     )
@@ -241,9 +247,6 @@ def train_command(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     from eagle3_api.workspace import Workspace
 
-    # The target says 8192 positions; the 8K prompts' answers run up to --max-tokens past them
-    # (positions RoPE extrapolates to, not trained), which vLLM allows only when asked.
-    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     started = time.monotonic()
     workspace = args.workspace
     if args.data_only:
@@ -259,14 +262,20 @@ def run(args: argparse.Namespace) -> None:
     by_length = {row["context_length"]: row for row in selection["acceptance_by_context_length"]}
     shortest, longest = by_length[CONTEXT_LENGTHS[0]], by_length[CONTEXT]
     ratio = longest["acceptance_length"] / shortest["acceptance_length"]
+    results = Workspace(workspace).root / "results"
     summary = {
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv),
         "bar": f"acceptance length at {CONTEXT} >= {BAR} x at {CONTEXT_LENGTHS[0]}",
         "ratio": round(ratio, 4),
         "met": ratio >= BAR,
         "acceptance_by_context_length": selection["acceptance_by_context_length"],
         "selected_step": selection.get("step"),
         "acceptance_length": selection.get("acceptance_length"),
+        "evaluated": evaluated_checkpoints(Workspace(workspace)),
         "target": json.loads((args.target / "tiny_target.json").read_text()),
+        "data": json.loads((results / "generate.json").read_text())["metrics"],
+        "train": json.loads((results / "train.json").read_text())["metrics"],
         "pipeline": {
             **pipeline.metrics,
             "short_samples": args.num_samples,
@@ -276,11 +285,37 @@ def run(args: argparse.Namespace) -> None:
         },
         "manifest": body,
         "seconds": round(time.monotonic() - started, 1),
-        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}",
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {cpu_model()}",
         "load_average_at_end": os.getloadavg(),
     }
     (workspace / "long_context.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("ratio", "met", "acceptance_by_context_length")}))
+
+
+def evaluated_checkpoints(workspace) -> dict[str, dict]:
+    """Each evaluated checkpoint's acceptance length, its figures per context length and its ratio."""
+    evaluated = {}
+    for path in sorted(workspace.evaluations_dir.glob("step-*.json")):
+        evaluation = json.loads(path.read_text())
+        by_length = {r["context_length"]: r for r in evaluation.get("acceptance_by_context_length") or []}
+        ratio = None
+        if all("acceptance_length" in by_length.get(n, {}) for n in (CONTEXT_LENGTHS[0], CONTEXT)):
+            ratio = (
+                by_length[CONTEXT]["acceptance_length"] / by_length[CONTEXT_LENGTHS[0]]["acceptance_length"]
+            )
+        evaluated[path.stem] = {
+            "acceptance_length": evaluation.get("acceptance_length"),
+            "acceptance_by_context_length": list(by_length.values()),
+            "ratio": None if ratio is None else round(ratio, 4),
+        }
+    return evaluated
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def main() -> None:
@@ -302,7 +337,7 @@ def main() -> None:
     )
     for each in (run_parser, train_parser):
         deep_target_speedup.add_pipeline_arguments(each)
-        each.set_defaults(num_samples=512, draft_steps=400, checkpoint_every=200, evaluate_every=2)
+        each.set_defaults(num_samples=512, draft_steps=800, checkpoint_every=400, evaluate_every=2)
         each.add_argument(
             "--long-samples", type=int, default=96, help="long training prompts (weight: samples)"
         )
