@@ -5,8 +5,9 @@ The bar (issue 15, "Long context"): on a CPU target built with an 8K context, ac
 (`training.seqLen` 8192, `data.maxLength`, `training.lossChunkRows`).
 
     # 1. the target: deep_target_speedup's builder (tiny_target's tokenizer, documents and saving,
-    #    trained on a GPU) with an 8192-token context, RoPE theta 500000 (Llama 3's, for its 8K
-    #    context) and 8192-token training windows of the concatenated stdlib documents
+    #    trained on a GPU) with an 8192-token context (+ ANSWER_ROOM positions for the answer),
+    #    RoPE theta 500000 (Llama 3's, for its 8K context) and 8192-token training windows of
+    #    the concatenated stdlib documents
     python benchmarks/pipeline/long_context.py build --out DIR --device cuda
     # 2. on this machine (vLLM CPU build): the samples, short and long (up to 8K tokens)
     python benchmarks/pipeline/long_context.py run --target DIR --workspace WS --data-only
