@@ -199,6 +199,8 @@ def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:
             "--mode": "offline",
             **_target_flags(dt, at),
             "--layer-ids": _layer_ids(dt),
+            # The samples generate kept (data.maxLength) are extracted whole, not cut at the default.
+            "--max-length": dt.spec.data.max_length,
         }
     )
 
@@ -211,6 +213,7 @@ def stream_server_argv(dt: DraftTraining, at: Locations, port: int, stream_port:
             "--mode": "streaming",
             **_target_flags(dt, at),
             "--layer-ids": _layer_ids(dt),
+            "--max-length": dt.spec.data.max_length,
             "--port": port,
             "--stream-port": stream_port,
         }

@@ -73,16 +73,27 @@ def build(args: argparse.Namespace) -> None:
     print(json.dumps(built))
 
 
-def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None):
+def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None, customize=None):
     """The tiny-cpu pipeline on the deeper target with this benchmark's draft budget (`evaluation`:
-    more keys of spec.evaluation); (manifest body, PipelineConfig, pipeline StageResult)."""
+    more keys of spec.evaluation; `customize(spec, volumes)`: last changes to the manifest's spec
+    and claims); (manifest body, PipelineConfig, pipeline StageResult)."""
+    from eagle3_runtime.pipeline.runner import PipelineRunner
+
+    body, config = pipeline_config(args, evaluation, customize)
+    pipeline = PipelineRunner(config, args.workspace).run()
+    if not pipeline.ok:
+        sys.exit(f"pipeline failed: {pipeline.message}")
+    return body, config, pipeline
+
+
+def pipeline_config(args: argparse.Namespace, evaluation: dict | None = None, customize=None):
+    """run_pipeline's manifest, written to the workspace: (manifest body, PipelineConfig)."""
     # Imported here: `build` runs on GPU machines that have only torch and transformers.
     import yaml
 
     from eagle3_runtime.pipeline.config import load_config
     from eagle3_runtime.pipeline.presets import manifest
     from eagle3_runtime.pipeline.prompts import write_prompt_sets
-    from eagle3_runtime.pipeline.runner import PipelineRunner
 
     workspace = args.workspace
     workspace.mkdir(parents=True, exist_ok=True)
@@ -107,13 +118,11 @@ def run_pipeline(args: argparse.Namespace, evaluation: dict | None = None):
     spec["data"] |= {"numSamples": args.num_samples, "concurrency": args.generate_concurrency}
     spec["training"] |= {"steps": args.draft_steps, "checkpointEvery": args.checkpoint_every}
     spec["evaluation"] |= {"everyCheckpoints": args.evaluate_every, **(evaluation or {})}
+    if customize:
+        customize(spec, volumes)
     manifest_file = workspace / "drafttraining.yaml"
     manifest_file.write_text(yaml.safe_dump(body, sort_keys=False))
-    config = load_config(manifest_file, volumes)
-    pipeline = PipelineRunner(config, workspace).run()
-    if not pipeline.ok:
-        sys.exit(f"pipeline failed: {pipeline.message}")
-    return body, config, pipeline
+    return body, load_config(manifest_file, volumes)
 
 
 def run(args: argparse.Namespace) -> None:

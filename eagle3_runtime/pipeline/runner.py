@@ -142,7 +142,6 @@ class PipelineRunner:
         if finished_training(self.workspace, spec.training.total_steps, spec.training.epochs) is not None:
             self._stage(self.argv("train", server="http://unused"))  # complete: no server needed
             return
-        from eagle3_runtime.conversations import DEFAULT_MAX_LENGTH
         from eagle3_runtime.extract.server import start_extraction_server
         from eagle3_runtime.model.config import resolve_layer_ids
         from eagle3_runtime.target import load_target_config
@@ -157,7 +156,7 @@ class PipelineRunner:
             target_config.num_hidden_layers,
             log_path=self.logs_dir / "stream-vllm.log",
             endpoint=f"tcp://127.0.0.1:{free_port()}",
-            max_model_len=DEFAULT_MAX_LENGTH + 1,
+            max_model_len=spec.data.max_length + 1,
         )
         try:
             self._stage(self.argv("train", server=server.url))

@@ -121,6 +121,15 @@ def test_data_generation_settings_reach_eagle3_generate():
     assert (defaults.max_length, defaults.long_samples) == (2047, "truncate")
 
 
+def test_extraction_reads_the_samples_as_long_as_generate_kept_them():
+    """Long samples (data.maxLength 8192) are extracted whole, not cut at the extract stage's
+    default of 2047 tokens."""
+    training = _training(data={**_training().spec.data.model_dump(by_alias=True), "maxLength": 8192})
+    offline = stage_plan.stage_argv(training, "extract", _Anywhere())
+    streaming = stage_plan.stream_server_argv(training, _Anywhere(), 8000, 5600)
+    assert [argv[argv.index("--max-length") + 1] for argv in (offline, streaming)] == ["8192", "8192"]
+
+
 @pytest.mark.parametrize("mode", ["offline", "streaming"])
 def test_every_stage_that_reads_the_target_reads_its_pinned_revision(mode):
     """target.revision reaches the vLLM servers as --revision (reconcile/pods.py) and, as
