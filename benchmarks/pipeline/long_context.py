@@ -106,10 +106,10 @@ def build(args: argparse.Namespace) -> None:
     from eagle3_runtime import tiny_target
 
     spec = dataclasses.replace(LONG_TARGET, layers=args.layers, steps=args.steps, batch_size=args.batch_size)
-    tiny_target._train = with_long_context(
+    train = with_long_context(
         deep_target_speedup.train_on_device(args.device), CONTEXT + ANSWER_ROOM, ROPE_THETA
     )
-    tiny_target.build_tiny_target(spec, args.out)
+    tiny_target.build_tiny_target(spec, args.out, train=train)
     # The tokenizer's own limit follows the context (tiny_target writes its 2048).
     tokenizer_config = args.out / "tokenizer_config.json"
     config = json.loads(tokenizer_config.read_text())
