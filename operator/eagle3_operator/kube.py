@@ -126,8 +126,9 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
-        data = response.read()
+        with metrics.API_REQUEST_SECONDS.labels(verb).time():
+            response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
+            data = response.read()
         if response.status == 404:
             raise NotFound(path)
         if not 200 <= response.status < 300:
