@@ -76,6 +76,27 @@ def list_metadata(api, path: str) -> list[dict]:
     return [item["metadata"] for item in json.loads(response.read()).get("items") or []]  # null when empty
 
 
+def _mean(operator: OperatorProcess, histogram: str, **labels: str) -> float | None:
+    count = operator.metric(f"{histogram}_count", **labels)
+    return operator.metric(f"{histogram}_sum", **labels) / count if count else None
+
+
+def operator_breakdown(operator: OperatorProcess) -> dict:
+    """Where the operator's time went so far (its own histograms): reconciles, how long objects
+    waited in its work queue, how long its API requests took by verb."""
+    return {
+        "reconciles": operator.metric("eagle3_operator_reconcile_total", kind="DraftTraining"),
+        "mean_reconcile_s": _mean(
+            operator, "eagle3_operator_reconcile_duration_seconds", kind="DraftTraining"
+        ),
+        "mean_workqueue_wait_s": _mean(operator, "eagle3_operator_workqueue_queue_duration_seconds"),
+        "mean_api_request_s": {
+            verb: _mean(operator, "eagle3_operator_api_request_duration_seconds", verb=verb)
+            for verb in ("create", "apply", "patch")
+        },
+    }
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -187,6 +208,7 @@ def main() -> None:
             interval=poll_s,
             what="every DraftTraining's first children",
         )
+        at_first_children = operator_breakdown(operator)
         # The generate Job waits for kwok to report the target Ready; on an overloaded machine kwok's
         # node heartbeats can lapse and leave targets unready, so this wait is bounded and reported.
         try:
@@ -249,6 +271,8 @@ def main() -> None:
     results = {
         "objects": len(names),
         "first_children_s": {"median": statistics.median(to_children), "p99": percentile(to_children, 0.99)},
+        # The operator's side of it, once every object's first children were seen.
+        "operator_at_first_children": at_first_children,
         "first_stage_job_s": {
             "objects": len(to_job),
             "median": statistics.median(to_job) if to_job else None,

@@ -29,9 +29,20 @@ RESOURCES = Gauge(
 API_REQUESTS = Counter(
     "eagle3_operator_api_requests_total", "Kubernetes API requests the operator made, by verb.", ["verb"]
 )
+API_REQUEST_SECONDS = Histogram(
+    "eagle3_operator_api_request_duration_seconds",
+    "Time from sending a Kubernetes API request to reading its whole response, by verb.",
+    ["verb"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 LEADER = Gauge("eagle3_operator_leader", "1 while this replica holds the leader Lease and reconciles.")
 WORKQUEUE_DEPTH = Gauge(
     "eagle3_operator_workqueue_depth", "Objects waiting to be reconciled (ready, running or scheduled)."
+)
+WORKQUEUE_WAIT_SECONDS = Histogram(
+    "eagle3_operator_workqueue_queue_duration_seconds",
+    "Time an object waited in the work queue, from ready (an event, or its requeue time) to a worker.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 STATUS_CONFLICTS = Counter(
     "eagle3_operator_status_conflicts_total",

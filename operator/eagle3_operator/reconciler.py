@@ -82,7 +82,9 @@ class Reconciler:
         self.kube = kube
         self.settings = settings or ControllerSettings()
         self.store = store or Store()
-        self.queue = WorkQueue(self.settings.backoff_base, self.settings.backoff_max)
+        self.queue = WorkQueue(
+            self.settings.backoff_base, self.settings.backoff_max, metrics.WORKQUEUE_WAIT_SECONDS.observe
+        )
         # Set while this replica may reconcile (always, without leader election).
         self.leading = threading.Event()
         self._lock = threading.Lock()

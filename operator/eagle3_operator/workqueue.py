@@ -5,6 +5,8 @@
 - A key waiting in the queue is there once, however often it is added.
 - `add_after` keeps the earliest of the times a key was asked for.
 - `add_rate_limited` delays a key by its own exponential backoff (failures in a row), reset by `forget`.
+- `observe_wait` (optional) is told how long each key handed out waited, from when it became ready
+  (added, or due) until a worker took it (client-go's workqueue_queue_duration_seconds).
 """
 
 from __future__ import annotations
@@ -15,17 +17,24 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class WorkQueue:
-    def __init__(self, base_delay: float = 0.5, max_delay: float = 300.0):
+    def __init__(
+        self,
+        base_delay: float = 0.5,
+        max_delay: float = 300.0,
+        observe_wait: Callable[[float], None] | None = None,
+    ):
         self.base_delay = base_delay
         self.max_delay = max_delay
+        self.observe_wait = observe_wait
         self._cond = threading.Condition()
         self._ready: deque[Hashable] = deque()
         self._dirty: set[Hashable] = set()  # keys to hand out (in _ready, or after their worker's done)
         self._processing: set[Hashable] = set()
+        self._ready_since: dict[Hashable, float] = {}  # dirty key -> monotonic time it became ready
         self._due: dict[Hashable, float] = {}  # delayed key -> monotonic time it becomes ready
         self._heap: list[tuple[float, int, Hashable]] = []
         self._seq = itertools.count()
@@ -36,11 +45,12 @@ class WorkQueue:
         with self._cond:
             self._add(key)
 
-    def _add(self, key: Hashable) -> None:
+    def _add(self, key: Hashable, ready_since: float | None = None) -> None:
         self._due.pop(key, None)
         if self._shut_down or key in self._dirty:
             return
         self._dirty.add(key)
+        self._ready_since[key] = ready_since or time.monotonic()
         if key not in self._processing:
             self._ready.append(key)
             self._cond.notify()
@@ -83,6 +93,9 @@ class WorkQueue:
                     key = self._ready.popleft()
                     self._dirty.discard(key)
                     self._processing.add(key)
+                    waited = time.monotonic() - self._ready_since.pop(key)
+                    if self.observe_wait is not None:
+                        self.observe_wait(waited)
                     return key
                 timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                 self._cond.wait(timeout)
@@ -92,7 +105,7 @@ class WorkQueue:
         while self._heap and self._heap[0][0] <= now:
             due, _, key = heapq.heappop(self._heap)
             if self._due.get(key) == due:  # else superseded by an earlier time or an add
-                self._add(key)
+                self._add(key, ready_since=due)  # promoted late when every worker was busy
 
     def done(self, key: Hashable) -> None:
         with self._cond:

@@ -58,3 +58,15 @@ def test_shut_down_releases_waiting_workers():
     queue.shut_down()
     worker.join(5)
     assert got == [None] and queue.closed
+
+
+def test_the_wait_of_each_key_is_observed_from_when_it_became_ready():
+    waits: list[float] = []
+    queue = WorkQueue(observe_wait=waits.append)
+    queue.add("a")
+    queue.add_after("b", 0.1)
+    time.sleep(0.2)
+    assert queue.get() == "a"
+    assert queue.get() == "b"
+    assert 0.2 <= waits[0] < 1, waits
+    assert 0.05 <= waits[1] < waits[0] - 0.05, "b waited from its due time (not its add, nor the get)"
