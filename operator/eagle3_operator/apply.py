@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,9 +19,6 @@ INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
 # the CRDs (kube-apiserver refreshes that cache periodically). A wait, not a refusal worth a Warning:
 # the write is tried again soon.
 UNDISCOVERED_OWNER = "cannot find RESTMapping"
-# Child writes of one reconcile in flight at once (a first DraftTraining pass has 3, a
-# SpecDecodeDeployment's up to 7).
-MAX_CONCURRENT_WRITES = 4
 
 
 def contains(live: Any, desired: Any) -> bool:
@@ -77,17 +72,21 @@ def apply_children(
         if current is None or not contains(current, wanted):
             writes.append((obj, "updating" if current else "creating", kube.apply))
     refused, written, deferred = [], [], 0
-    for (obj, _, _), outcome in zip(writes, _send_all(writes), strict=True):
-        if isinstance(outcome, NamespaceTerminating):
-            raise outcome
-        if isinstance(outcome, ApiError):
-            if UNDISCOVERED_OWNER in outcome.detail:
+    for obj, verb, write in writes:
+        log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])
+        try:
+            result = write(obj)
+        except NamespaceTerminating:
+            raise
+        except ApiError as error:
+            if UNDISCOVERED_OWNER in error.detail:
                 log.info("the API server does not know the owner's kind yet; %s %s later", *key(obj))
                 deferred += 1
             else:
-                refused.append(_refusal(obj, outcome))
-        elif outcome:  # None: created meanwhile by someone else (the watch brings it)
-            written.append(outcome)
+                refused.append(_refusal(obj, error))
+        else:
+            if result:  # None: created meanwhile by someone else (the watch brings it)
+                written.append(result)
     namespace = owner["metadata"]["namespace"]
     for gone in plan.delete:
         log.info("deleting %s %s", gone["kind"], gone["name"])
@@ -95,28 +94,6 @@ def apply_children(
     for refusal in refused:
         log.warning("the API server refused %s %s: %s", refusal.kind, refusal.name, refusal.message)
     return refused, written, deferred
-
-
-Write = tuple[dict[str, Any], str, Callable[[dict[str, Any]], dict[str, Any] | None]]
-
-
-def _send(write: Write) -> dict[str, Any] | None | ApiError:
-    """One child write: what the API server returned, or its refusal."""
-    obj, verb, send = write
-    log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])
-    try:
-        return send(obj)
-    except ApiError as error:
-        return error
-
-
-def _send_all(writes: list[Write]) -> list[dict[str, Any] | None | ApiError]:
-    """The outcomes of the writes, in their order. Children are independent objects: they are sent
-    at once, so an object's first children cost one API round trip, not one per child."""
-    if len(writes) <= 1:
-        return [_send(w) for w in writes]
-    with ThreadPoolExecutor(max_workers=min(len(writes), MAX_CONCURRENT_WRITES)) as pool:
-        return list(pool.map(_send, writes))
 
 
 def write_status(kube: Kube, owner: dict[str, Any], plan: Plan) -> dict[str, Any] | None:

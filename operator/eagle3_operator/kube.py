@@ -19,7 +19,6 @@ from eagle3_operator import metrics
 
 FIELD_MANAGER = "eagle3-operator"
 WRITE_VERBS = ("create", "patch", "apply", "delete")
-API_CONNECTIONS = 48
 RESOURCES = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Service"): "services",
@@ -77,11 +76,7 @@ def load_api_client() -> client.ApiClient:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    configuration = client.Configuration.get_default_copy()
-    # Kept-alive connections: the client's default (5 per CPU) would close and re-open (a TLS
-    # handshake each) the connections of concurrent reconciles and their concurrent child writes.
-    configuration.connection_pool_maxsize = API_CONNECTIONS
-    return client.ApiClient(configuration)
+    return client.ApiClient()
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str = "") -> str:

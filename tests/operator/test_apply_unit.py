@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 from eagle3_operator import apply
 from eagle3_operator.apply import contains, status_patch
 from eagle3_operator.kube import ApiError
@@ -76,26 +74,3 @@ def test_a_write_waits_while_the_api_server_has_not_discovered_the_owner_kind():
     refused, written, deferred = apply.apply_children(Refusing(), owner, Plan(create=children), {})
     assert deferred == 1 and written == []
     assert [(r.kind, r.message) for r in refused] == [("Service", quota.detail)]
-
-
-def test_the_children_of_one_pass_are_written_at_once():
-    """An object's first pass creates its PVC, Deployment and Service: three independent writes sent
-    together, so its first children cost one API round trip (each write here waits for the others)."""
-    barrier = threading.Barrier(3, timeout=5)
-
-    class Together:
-        def create(self, obj):
-            barrier.wait()  # BrokenBarrierError (a failed write) unless all three are in flight
-            return obj | {"metadata": obj["metadata"] | {"resourceVersion": "1"}}
-
-        apply = create
-
-    owner = {"metadata": {"name": "t", "namespace": "ns"}}
-    pvc, deployment, service = (
-        {"apiVersion": "v1", "kind": kind, "metadata": {"name": "t"}}
-        for kind in ("PersistentVolumeClaim", "Deployment", "Service")
-    )
-    plan = Plan(create=[pvc], sync=[deployment, service])
-    refused, written, deferred = apply.apply_children(Together(), owner, plan, {})
-    assert (refused, deferred) == ([], 0)
-    assert [o["kind"] for o in written] == ["PersistentVolumeClaim", "Deployment", "Service"]
