@@ -228,6 +228,40 @@ def running_pods_of_job(cluster: LocalCluster, namespace: str, job: str) -> list
     return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
+def admit_like_kueue(
+    cluster: LocalCluster,
+    namespace: str,
+    job_name: str,
+    *,
+    training: str = "llama",
+    flavor: dict | None = None,
+) -> None:
+    """Kueue's part: the operator's Job waits suspended, with no pods, until admitted; the test then
+    unsuspends it. `flavor` (nodeSelector and tolerations, as a Kueue ResourceFlavor's nodeLabels and
+    tolerations) is injected into the pod template at admission, as Kueue does: the API server allows
+    that change of a suspended Job that never ran."""
+
+    def suspended() -> dict[str, Any] | None:
+        job = jobs_of(cluster, namespace, training).get(job_name)
+        conditions = (job or {}).get("status", {}).get("conditions") or []
+        return job if any(c["type"] == "Suspended" and c["status"] == "True" for c in conditions) else None
+
+    job = wait_until(suspended, timeout=30, what=f"{job_name} suspended by the Job controller")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    pods = items(cluster, f"/api/v1/namespaces/{namespace}/pods", f"batch.kubernetes.io/job-name={job_name}")
+    assert pods == [], f"a suspended Job made pods: {[p['metadata']['name'] for p in pods]}"
+    patch: dict[str, Any] = {"spec": {"suspend": False}}
+    if flavor:
+        template = job["spec"]["template"]["spec"]
+        patch["spec"]["template"] = {
+            "spec": {
+                "nodeSelector": {**template.get("nodeSelector", {}), **flavor["nodeSelector"]},
+                "tolerations": [*template.get("tolerations", []), *flavor["tolerations"]],
+            }
+        }
+    cluster.request("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job_name}", patch)
+
+
 STAGE_JOBS = [
     ("generate", ["generate"]),
     ("extract", ["extract"]),
@@ -256,14 +290,16 @@ def stage_record(body: dict[str, Any], stage: str) -> dict[str, Any]:
     return next((s for s in (body.get("status") or {}).get("stages") or [] if s["name"] == stage), {})
 
 
-def wait_stage_succeeded(cluster: LocalCluster, namespace: str, name: str, stage: str) -> dict[str, Any]:
+def wait_stage_succeeded(
+    cluster: LocalCluster, namespace: str, name: str, stage: str, *, timeout: float = 60
+) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         body = cluster.request("GET", draft_training_path(namespace, name))
         if (body.get("status") or {}).get("phase") == "Failed":
             raise AssertionError(f"training failed: {condition(body, 'Failed')}")
         return body if stage_record(body, stage).get("state") == "Succeeded" else None
 
-    return wait_until(done, timeout=60, interval=0.3, what=f"stage {stage} of {name} to succeed")
+    return wait_until(done, timeout=timeout, interval=0.3, what=f"stage {stage} of {name} to succeed")
 
 
 def wait_for_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict[str, Any]:

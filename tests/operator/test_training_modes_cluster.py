@@ -21,6 +21,7 @@ from typing import Any
 from eagle3_api.workspace import export_version
 from tests.operator import fakes
 from tests.operator.harness import (
+    admit_like_kueue,
     bind_volume,
     complete_stage,
     condition,
@@ -139,21 +140,6 @@ def test_streaming_feeds_the_trainer_from_its_server_and_the_gate_fails_a_weak_d
     assert "llama-export" not in jobs_of(cluster, ns, "llama"), "a draft below the gate is not exported"
 
 
-def _admit_like_kueue(cluster: LocalCluster, ns: str, job_name: str) -> None:
-    """The Job waits suspended, with no pods, until admitted; the test then unsuspends it (Kueue's part)."""
-
-    def suspended() -> dict[str, Any] | None:
-        job = jobs_of(cluster, ns, "llama").get(job_name)
-        conditions = (job or {}).get("status", {}).get("conditions") or []
-        return job if any(c["type"] == "Suspended" and c["status"] == "True" for c in conditions) else None
-
-    job = wait_until(suspended, timeout=30, what=f"{job_name} suspended by the Job controller")
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    pods = items(cluster, f"/api/v1/namespaces/{ns}/pods", f"batch.kubernetes.io/job-name={job_name}")
-    assert pods == [], f"a suspended Job made pods: {[p['metadata']['name'] for p in pods]}"
-    cluster.request("PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/{job_name}", {"spec": {"suspend": False}})
-
-
 ONLINE_STAGE_JOBS = [
     ("generate", ["llama-generate"]),
     ("train", ["llama-train"]),
@@ -182,7 +168,7 @@ def _run_online_multi_node_training(cluster: LocalCluster, ns: str) -> dict[str,
     cluster.request("POST", draft_training_path(ns), body)
     for stage, jobs in ONLINE_STAGE_JOBS:
         for job in jobs:
-            _admit_like_kueue(cluster, ns, job)
+            admit_like_kueue(cluster, ns, job)
         if stage == "train":
             _check_indexed_training(cluster, ns)
         complete_stage(cluster, ns, stage, jobs)
@@ -508,9 +494,9 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
         scheduling={"queueName": "gpu-queue"},
     )
     cluster.request("POST", draft_training_path(ns), body)
-    _admit_like_kueue(cluster, ns, "llama-generate")
+    admit_like_kueue(cluster, ns, "llama-generate")
     complete_stage(cluster, ns, "generate", ["llama-generate"])
-    _admit_like_kueue(cluster, ns, "llama-train")
+    admit_like_kueue(cluster, ns, "llama-train")
     pods = wait_until(
         lambda: len(found := wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]) == 2 and found,
         timeout=30,
@@ -522,7 +508,7 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
     wait_until(
         lambda: "llama-train-r1" in jobs_of(cluster, ns, "llama"), timeout=120, what="the group's new Job"
     )
-    _admit_like_kueue(cluster, ns, "llama-train-r1")  # Kueue admits the new group as a whole again
+    admit_like_kueue(cluster, ns, "llama-train-r1")  # Kueue admits the new group as a whole again
     wait_until(
         lambda: (
             not items(cluster, f"/api/v1/namespaces/{ns}/pods", "batch.kubernetes.io/job-name=llama-train")
