@@ -47,7 +47,7 @@ from tests.operator.harness import (
     training_body,
     wait_stage_succeeded,
 )
-from tests.runtime.test_model import tiny_target_config
+from tests.runtime.model.test_model import tiny_target_config
 from tests.support import realnode
 from tests.support.cluster import LocalCluster, wait_until
 
