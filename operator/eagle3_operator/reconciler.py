@@ -114,7 +114,9 @@ class Reconciler:
         elif change == UNCHANGED:
             return  # our own write coming back, or a re-listing: nothing new
         if kind in (DT, SDD):
-            self.queue.add((kind, namespace, name))
+            status = body.get("status") or {}
+            unacted = body["metadata"].get("generation") != status.get("observedGeneration")
+            self.queue.add((kind, namespace, name), first=unacted)
         else:
             labels = body["metadata"].get("labels") or {}
             delay = self.settings.progress_delay if change == PROGRESS else 0.0

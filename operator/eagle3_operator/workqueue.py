@@ -5,6 +5,10 @@
 - A key waiting in the queue is there once, however often it is added.
 - `add_after` keeps the earliest of the times a key was asked for.
 - `add_rate_limited` delays a key by its own exponential backoff (failures in a row), reset by `forget`.
+- `add(key, first=True)` puts a key in a lane served before the others: objects whose spec has not
+  been acted on yet (new or edited) get their children before objects that are only being
+  re-checked after their children's events, so a burst of new objects is not queued behind the
+  follow-up passes of the ones before it.
 - `observe_wait` (optional) is told how long each key handed out waited, from when it became ready
   (added, or due) until a worker took it (client-go's workqueue_queue_duration_seconds).
 """
@@ -32,6 +36,8 @@ class WorkQueue:
         self.observe_wait = observe_wait
         self._cond = threading.Condition()
         self._ready: deque[Hashable] = deque()
+        self._first: deque[Hashable] = deque()  # the lane served before _ready
+        self._first_keys: set[Hashable] = set()  # dirty keys that belong in _first
         self._dirty: set[Hashable] = set()  # keys to hand out (in _ready, or after their worker's done)
         self._processing: set[Hashable] = set()
         self._ready_since: dict[Hashable, float] = {}  # dirty key -> monotonic time it became ready
@@ -41,19 +47,31 @@ class WorkQueue:
         self._failures: dict[Hashable, int] = {}
         self._shut_down = False
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: Hashable, first: bool = False) -> None:
         with self._cond:
-            self._add(key)
+            self._add(key, first=first)
 
-    def _add(self, key: Hashable, ready_since: float | None = None) -> None:
+    def _add(self, key: Hashable, ready_since: float | None = None, first: bool = False) -> None:
         self._due.pop(key, None)
-        if self._shut_down or key in self._dirty:
+        if self._shut_down:
+            return
+        if key in self._dirty:
+            if first and key not in self._first_keys:
+                self._first_keys.add(key)
+                if key not in self._processing:  # waiting in the other lane: move it up
+                    self._ready.remove(key)
+                    self._first.append(key)
             return
         self._dirty.add(key)
         self._ready_since[key] = ready_since or time.monotonic()
+        if first:
+            self._first_keys.add(key)
         if key not in self._processing:
-            self._ready.append(key)
-            self._cond.notify()
+            self._enqueue(key)
+
+    def _enqueue(self, key: Hashable) -> None:
+        (self._first if key in self._first_keys else self._ready).append(key)
+        self._cond.notify()
 
     def add_after(self, key: Hashable, delay: float) -> None:
         if delay <= 0:
@@ -89,9 +107,10 @@ class WorkQueue:
                 if self._shut_down:
                     return None
                 self._promote_due()
-                if self._ready:
-                    key = self._ready.popleft()
+                if self._first or self._ready:
+                    key = (self._first or self._ready).popleft()
                     self._dirty.discard(key)
+                    self._first_keys.discard(key)
                     self._processing.add(key)
                     waited = time.monotonic() - self._ready_since.pop(key)
                     if self.observe_wait is not None:
@@ -111,8 +130,7 @@ class WorkQueue:
         with self._cond:
             self._processing.discard(key)
             if key in self._dirty:
-                self._ready.append(key)
-                self._cond.notify()
+                self._enqueue(key)
 
     def shut_down(self) -> None:
         with self._cond:

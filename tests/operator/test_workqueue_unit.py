@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from eagle3_operator.reconciler import Reconciler
 from eagle3_operator.workqueue import WorkQueue
 
 
@@ -70,3 +71,51 @@ def test_the_wait_of_each_key_is_observed_from_when_it_became_ready():
     assert queue.get() == "b"
     assert 0.2 <= waits[0] < 1, waits
     assert 0.05 <= waits[1] < waits[0] - 0.05, "b waited from its due time (not its add, nor the get)"
+
+
+def test_keys_added_first_are_served_before_the_other_lane():
+    queue = WorkQueue()
+    for key in ("re-check-1", "re-check-2"):
+        queue.add(key)
+    queue.add("new", first=True)
+    queue.add("re-check-2", first=True)  # waiting in the other lane: moves up, behind "new"
+    assert [queue.get() for _ in range(3)] == ["new", "re-check-2", "re-check-1"]
+    for key in ("new", "re-check-2", "re-check-1"):
+        queue.done(key)
+    assert len(queue) == 0
+
+
+def test_a_key_marked_first_while_a_worker_has_it_comes_back_in_the_first_lane():
+    queue = WorkQueue()
+    queue.add("edited")
+    assert queue.get() == "edited"
+    queue.add("other")
+    queue.add("edited", first=True)  # the spec changed during its pass
+    queue.done("edited")
+    assert queue.get() == "edited", "its next pass goes ahead of the other lane"
+    queue.done("edited")
+    assert queue.get() == "other"
+    queue.done("other")
+    queue.add("edited")
+    assert queue.get() == "edited"  # plain again once handed out
+    queue.done("edited")
+    assert len(queue) == 0
+
+
+def test_the_reconciler_serves_objects_whose_spec_it_has_not_acted_on_first():
+    reconciler = Reconciler(kube=None)  # type: ignore[arg-type]  # no worker runs: only the queueing
+    acted = {"generation": 1, "status": {"observedGeneration": 1}}
+    new = {"generation": 1, "status": None}
+    edited = {"generation": 2, "status": {"observedGeneration": 1}}
+    for name, state in (("acted", acted), ("new", new), ("edited", edited)):
+        body = {
+            "apiVersion": "eagle3.ai/v1alpha1",
+            "kind": "DraftTraining",
+            "metadata": {"namespace": "ml", "name": name, "uid": name, "generation": state["generation"]},
+            "spec": {},
+            "status": state["status"],
+        }
+        reconciler.observe("DraftTraining", body["apiVersion"], body)
+        reconciler.on_event("DraftTraining", body, deleted=False)
+    order = [reconciler.queue.get()[2] for _ in range(3)]
+    assert order == ["new", "edited", "acted"]
