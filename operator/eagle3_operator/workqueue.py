@@ -38,7 +38,7 @@ class WorkQueue:
         self._ready: deque[Hashable] = deque()
         self._first: deque[Hashable] = deque()  # the lane served before _ready
         self._first_keys: set[Hashable] = set()  # dirty keys that belong in _first
-        self._dirty: set[Hashable] = set()  # keys to hand out (in _ready, or after their worker's done)
+        self._dirty: set[Hashable] = set()  # keys to hand out (in a lane, or after their worker's done)
         self._processing: set[Hashable] = set()
         self._ready_since: dict[Hashable, float] = {}  # dirty key -> monotonic time it became ready
         self._due: dict[Hashable, float] = {}  # delayed key -> monotonic time it becomes ready
