@@ -158,7 +158,9 @@ class TargetSpec(ApiModel):
         "ROCM_ATTN, TRITON_ATTN); vLLM chooses when unset. A SpecDecodeDeployment's verification runs with it.",
     )
     extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = Field(
-        default_factory=list, description="Extra command-line arguments appended to `vllm serve`."
+        default_factory=list,
+        description="Extra command-line arguments appended to `vllm serve`: the target server's, and those of "
+        "the vLLM servers that evaluation, the sweep and verification start on the target.",
     )
     env: EnvList = env_field(
         "Extra environment variables of every container the operator runs for this object "
@@ -170,6 +172,29 @@ class TargetSpec(ApiModel):
     )
     resources: ResourceSpec = section(ResourceSpec, "CPU and memory for the vLLM container.")
     shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm volume.")
+
+    @property
+    def vllm_model_args(self) -> list[str]:
+        """How vLLM loads and splits the target, wherever it runs it (a server, the verify check)."""
+        revision = ["--revision", self.revision] if self.revision else []
+        return [*self._vllm_parallel_args, *revision, *self._vllm_quantization_args]
+
+    @property
+    def vllm_stage_server_args(self) -> list[str]:
+        """What the vLLM servers a stage starts on the target (evaluate, sweep) add to its model,
+        address, name and context length, so that a draft is measured on the target as it is served.
+        No --revision: those stages pin the revision themselves (--target-revision)."""
+        backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []
+        return [*self._vllm_parallel_args, *self._vllm_quantization_args, *backend, *self.extra_args]
+
+    @property
+    def _vllm_parallel_args(self) -> list[str]:
+        return ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+
+    @property
+    def _vllm_quantization_args(self) -> list[str]:
+        # Quark fp8/mxfp4 checkpoints carry quant_method quark.
+        return ["--quantization", "quark"] if self.quantization != "none" else []
 
 
 class Toleration(ApiModel):

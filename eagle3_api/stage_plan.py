@@ -285,7 +285,13 @@ def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
     if evaluation.context_lengths:
         argv += ["--context-lengths", *map(str, evaluation.context_lengths)]
         argv += ["--context-prompts", str(evaluation.context_prompts)]
-    return argv
+    return argv + _vllm_arg_flags(dt)
+
+
+def _vllm_arg_flags(dt: DraftTraining) -> list[str]:
+    """The servers evaluate and sweep start run the target as its server does (tensor parallelism,
+    quantization, attention backend, extraArgs): a draft is measured where it will be served."""
+    return [f"--vllm-arg={arg}" for arg in dt.spec.target.vllm_stage_server_args]
 
 
 def _select_argv(dt: DraftTraining, at: Locations) -> list[str]:
@@ -310,7 +316,7 @@ def _sweep_argv(dt: DraftTraining, at: Locations) -> list[str]:
             "--max-model-len": spec.target.max_model_len or None,
         }
     )
-    return argv
+    return argv + _vllm_arg_flags(dt)
 
 
 def _export_argv(dt: DraftTraining, at: Locations) -> list[str]:

@@ -7,6 +7,7 @@ also stops its engine-core workers. Its output goes to a log file whose tail is 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -46,6 +47,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def add_vllm_arg_argument(parser: argparse.ArgumentParser, servers: str) -> None:
+    """`--vllm-arg`, repeatable: appended to the command line of the vLLM servers a stage starts,
+    so that they run the target as it is served (tensor parallelism, quantization, extraArgs)."""
+    parser.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help=f"an argument for {servers}, as the target is served (repeatable; --vllm-arg=--enforce-eager)",
+    )
 
 
 def log_tail(path: Path, lines: int = 60) -> str:

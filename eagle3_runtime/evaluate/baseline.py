@@ -17,13 +17,15 @@ BASELINE_LOG = "evaluate-baseline-vllm"
 
 
 def prompt_set_key(config: EvaluateConfig) -> str:
-    """Identifies a prompt set + settings, so a baseline measured once is reused for every checkpoint."""
+    """Identifies a prompt set + settings (the server's too), so a baseline measured once is reused
+    for every checkpoint."""
     return content_hash(
         [
             [asdict(s) for s in config.prompts],
             config.prompts_per_domain,
             config.max_tokens,
             config.concurrency,
+            config.vllm_arg,
         ]
     )
 

@@ -31,6 +31,7 @@ class EvaluateConfig:
     # Prompt lengths (tokens) whose acceptance is measured apart (evaluate/context_lengths.py).
     context_lengths: list[int] = field(default_factory=list)
     context_prompts: int = 4  # prompts per context length
+    vllm_arg: list[str] = field(default_factory=list)  # appended to every vLLM server it starts
 
     def __post_init__(self) -> None:
         check_context_lengths(self.context_lengths, self.max_tokens, self.max_model_len)
@@ -85,4 +86,5 @@ def target_server(config: EvaluateConfig, log_name: str, draft: Path | None) -> 
         served_model_name=SERVED_NAME,
         max_model_len=config.max_model_len,
         speculative_config=speculative_config(draft, config.num_speculative_tokens) if draft else None,
+        extra_args=config.vllm_arg,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_api.sweep_schedule import max_k, schedule_from_best
@@ -49,6 +49,7 @@ class SweepConfig:
     prompts_per_domain: int
     max_tokens: int
     max_model_len: int
+    vllm_arg: list[str] = field(default_factory=list)  # appended to every vLLM server it starts
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_speculative_tokens <= 16:
@@ -74,6 +75,7 @@ class SweepConfig:
             max_tokens=self.max_tokens,
             concurrency=max(self.concurrency),
             max_model_len=self.max_model_len,
+            vllm_arg=self.vllm_arg,
         )
 
 

@@ -126,6 +126,7 @@ class PipelineRunner:
             target,
             log_path=self.logs_dir / "generate-vllm.log",
             served_model_name=spec.target.model,
+            extra_args=spec.target.vllm_stage_server_args,  # as the operator's target Deployment serves it
             **settings,
         ) as server:
             self._stage(self.argv("generate", server=server.url))

@@ -26,6 +26,7 @@ from eagle3_runtime.evaluate.checkpoint import evaluate_checkpoint
 from eagle3_runtime.evaluate.config import BASELINE_MODES, EvaluateConfig, add_prompts_argument
 from eagle3_runtime.evaluate.evaluations import context_metrics
 from eagle3_runtime.pinned_target import add_target_arguments, pin_target
+from eagle3_runtime.vllm_server import add_vllm_arg_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens within --max-model-len), built from the evaluation prompts",
     )
     parser.add_argument("--context-prompts", type=int, default=4, help="prompts per context length")
+    add_vllm_arg_argument(parser, "the vLLM servers it starts (candidate and baseline)")
 
 
 def evaluation_result(evaluation: dict) -> StageResult:

@@ -18,6 +18,7 @@ from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.evaluate.config import add_prompts_argument
 from eagle3_runtime.evaluate.sweep import SweepConfig, run_sweep
 from eagle3_runtime.pinned_target import add_target_arguments, pin_target
+from eagle3_runtime.vllm_server import add_vllm_arg_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts-per-domain", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-model-len", type=int, default=1024)
+    add_vllm_arg_argument(parser, "the vLLM servers it starts (every K and the baseline)")
 
 
 def run(args: argparse.Namespace) -> StageResult:

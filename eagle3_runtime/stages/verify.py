@@ -19,6 +19,7 @@ from eagle3_api.stage_result import StageResult
 from eagle3_runtime.command_line import config_from_args
 from eagle3_runtime.prompt_sources import SourceSpec
 from eagle3_runtime.verify import REPORT_FILE, VerifyConfig, verify_draft
+from eagle3_runtime.vllm_server import add_vllm_arg_argument
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--attention-backend", default=None, help="vLLM --attention-backend of both servers (the target's)"
     )
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument(
-        "--vllm-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="an argument for both vLLM servers, as the target is served (repeatable; --vllm-arg=--enforce-eager)",
-    )
+    add_vllm_arg_argument(parser, "both vLLM servers")
     parser.add_argument("--server", help="a running vLLM server with the target and this draft")
     parser.add_argument(
         "--baseline-server", help="a running vLLM server with the same target, no speculation"

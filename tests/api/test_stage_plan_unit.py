@@ -160,3 +160,40 @@ def test_every_stage_that_reads_the_target_reads_its_pinned_revision(mode):
 
     unpinned = stage_plan.stage_argv(_training(), "train", _Anywhere())
     assert "--target-revision" not in unpinned
+
+
+def test_evaluate_and_sweep_serve_the_target_as_its_server_does():
+    """The vLLM servers that evaluate and sweep start get the target's tensor parallelism,
+    quantization, attention backend and extraArgs (an 8-GPU target started with TP 1 would not fit);
+    each stage's own parser reads them back in order. No --revision: they pin it themselves."""
+    import argparse
+    import importlib
+
+    training = _training(
+        target={
+            "model": "acme/big",
+            "revision": "v2",
+            "tensorParallelSize": 8,
+            "quantization": "fp8",
+            "attentionBackend": "ROCM_AITER_FA",
+            "extraArgs": ["--max-num-seqs", "64"],
+        },
+        evaluation={"sweep": {"maxSpeculativeTokens": 2}},
+    )
+    served = [
+        "--tensor-parallel-size",
+        "8",
+        "--quantization",
+        "quark",
+        "--attention-backend",
+        "ROCM_AITER_FA",
+        "--max-num-seqs",
+        "64",
+    ]
+    for stage, argv in {
+        "evaluate": stage_plan.stage_argv(training, "evaluate", _Anywhere(), step=4),
+        "sweep": stage_plan.stage_argv(training, "sweep", _Anywhere()),
+    }.items():
+        parser = argparse.ArgumentParser()
+        importlib.import_module(f"eagle3_runtime.stages.{stage}").add_arguments(parser)
+        assert parser.parse_args(argv[1:]).vllm_arg == served, (stage, argv)

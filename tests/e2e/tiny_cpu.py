@@ -178,6 +178,7 @@ def serving_manifest(training: TrainingRun) -> dict[str, Any]:
             "target": {
                 "model": f"pvc://{MODELS_CLAIM}/tiny-target",
                 "maxModelLen": 1024,
+                "extraArgs": ["--enforce-eager"],  # as the example's target (its comment says why)
                 "env": CPU_ENV,
             },
             "draft": {"fromDraftTraining": training.name},

@@ -66,7 +66,7 @@ def real_node_serving_manifest(target_claim: str, draft_claim: str) -> dict:
                 "model": f"pvc://{target_claim}/model",
                 "gpus": 1,
                 "maxModelLen": 1024,
-                "extraArgs": ["--dtype", "bfloat16"],
+                "extraArgs": ["--dtype", "bfloat16", "--enforce-eager"],
                 "env": realnode.VLLM_CPU_ENV,
             },
             "draft": {"model": f"pvc://{draft_claim}/model"},

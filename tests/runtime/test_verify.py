@@ -24,8 +24,8 @@ from tests.monitoring.constant_draft import build_constant_draft, most_frequent_
 from tests.support.vllm_server import running_vllm
 
 NUM_PROMPTS, MAX_TOKENS, SPEC_TOKENS = 8, 32, 3
-# The same settings on both sides; eager mode skips minutes of torch.compile on 2 cores.
-SERVER = {"served_model_name": SERVED_NAME, "max_model_len": 1024, "extra_args": ["--enforce-eager"]}
+# The same settings on both sides (both eager: running_vllm's default).
+SERVER = {"served_model_name": SERVED_NAME, "max_model_len": 1024}
 
 
 @pytest.fixture(scope="module")

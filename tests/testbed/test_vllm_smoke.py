@@ -12,7 +12,7 @@ from tests.support.vllm_server import running_vllm
 @pytest.mark.slow
 def test_tiny_target_serves_chat_and_metrics(tmp_path):
     target = ensure_tiny_target()
-    with running_vllm(target, tmp_path, served_model_name="tiny") as server:
+    with running_vllm(target, tmp_path, served_model_name="tiny", compiled=True) as server:
         reply = httpx.post(
             f"{server.url}/v1/chat/completions",
             json={

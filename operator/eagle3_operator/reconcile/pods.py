@@ -185,16 +185,6 @@ def apply_pod_policy(
     return pod_spec
 
 
-def vllm_model_args(target: TargetSpec) -> list[str]:
-    """How vLLM loads and splits the target, wherever it runs it (a server, the verify check)."""
-    args = ["--tensor-parallel-size", str(target.tensor_parallel_size)]
-    if target.revision:
-        args += ["--revision", target.revision]
-    if target.quantization != "none":
-        args += ["--quantization", "quark"]  # Quark fp8/mxfp4 checkpoints carry quant_method quark
-    return args
-
-
 def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[str]:
     """`vllm serve` arguments for the target (speculative decoding is added by the caller)."""
     args = [
@@ -205,7 +195,7 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
         str(VLLM_PORT),
         "--served-model-name",
         served_model_name,
-        *vllm_model_args(target),
+        *target.vllm_model_args,
     ]
     if target.max_model_len:
         args += ["--max-model-len", str(target.max_model_len)]

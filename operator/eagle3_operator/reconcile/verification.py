@@ -28,7 +28,6 @@ from eagle3_operator.reconcile.pods import (
     gpu_resources,
     model_location,
     vllm_env,
-    vllm_model_args,
 )
 from eagle3_operator.reconcile.speculation import applied_speculation
 from eagle3_operator.reconcile.training_children import ClaimLocations
@@ -85,7 +84,7 @@ def verify_job(
             "--max-model-len": target.max_model_len or None,
         }
     )
-    argv += [f"--vllm-arg={arg}" for arg in [*vllm_model_args(target), *target.extra_args]]
+    argv += [f"--vllm-arg={arg}" for arg in [*target.vllm_model_args, *target.extra_args]]
     mounts.add_shm(target.shm_size)
     mounts.add({"name": "hf-cache", "emptyDir": {}}, "/cache")
     container = {

@@ -23,6 +23,7 @@ from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.stages import evaluate
 from eagle3_runtime.vllm_server import log_tail
 from tests.runtime.test_vllm_acceptance import untrained_draft
+from tests.support.vllm_server import EAGER
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -48,7 +49,7 @@ def _evaluate_tiny(tmp_path, tiny_target, *baseline_args: str) -> tuple[StageRes
     argv = ["evaluate", "--workspace", str(tmp_path / "ws"), "--target", str(tiny_target),
             "--checkpoint", str(draft), "--prompts", f"{prompts / 'completion-code.jsonl'},mode=completion",
             *baseline_args, "--prompts-per-domain", "2", "--max-tokens", "16",
-            "--result-file", str(tmp_path / "r.json")]  # fmt: skip
+            f"--vllm-arg={EAGER}", "--result-file", str(tmp_path / "r.json")]  # fmt: skip
     try:
         result: StageResult = evaluate.run(build_parser(argv).parse_args(argv))
     except BaseException:
@@ -104,6 +105,9 @@ def test_adjacent_baseline_runs_one_server_at_a_time(adjacent):
     # The draft's server was gone (its log closed with its shutdown) before the baseline round began.
     candidate_log = tmp_path / "ws" / "logs" / "evaluate-draft-vllm.log"  # named after the draft dir
     last_write = datetime.fromtimestamp(candidate_log.stat().st_mtime).astimezone()
+    # Both servers were started with the --vllm-arg given (the target's own settings, in a DraftTraining).
+    for log in (candidate_log, candidate_log.with_name("evaluate-baseline-vllm.log")):
+        assert EAGER in log.read_text().splitlines()[0].split(), log
     assert last_write < datetime.fromisoformat(baseline["started_at"]), (candidate_log, last_write)
     assert evaluation["drafts"] > 0 and baseline["tokens"] > 0
     assert result.metrics["speedup"] == pytest.approx(

@@ -20,7 +20,7 @@ from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.stages import sweep
 from eagle3_runtime.vllm_server import log_tail
 from tests.runtime.test_vllm_acceptance import untrained_draft
-from tests.support.vllm_server import running_vllm
+from tests.support.vllm_server import EAGER, running_vllm
 
 KMAX, LADDER = 2, [1, 4]
 
@@ -33,7 +33,7 @@ def swept(tmp_path_factory, tiny_target):
     argv = ["sweep", "--workspace", str(tmp / "ws"), "--target", str(tiny_target), "--checkpoint", str(draft),
             "--prompts", f"{prompts / 'completion-code.jsonl'},mode=completion", "--max-speculative-tokens",
             str(KMAX), "--concurrency", *map(str, LADDER), "--rounds", "1", "--prompts-per-domain", "4",
-            "--max-tokens", "16", "--result-file", str(tmp / "r.json")]  # fmt: skip
+            "--max-tokens", "16", f"--vllm-arg={EAGER}", "--result-file", str(tmp / "r.json")]  # fmt: skip
     try:
         result = sweep.run(build_parser(argv).parse_args(argv))
     except BaseException:
