@@ -21,6 +21,7 @@ from eagle3_api.stages import STAGE_CONDITIONS
 from eagle3_api.workspace import export_version
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
+from eagle3_operator.reconcile.disruption import disrupted_rank
 from eagle3_operator.reconcile.jobs import (
     DEADLINE_EXCEEDED,
     POD_CREATION_GRACE_S,
@@ -179,6 +180,7 @@ class TrainingPlanner:
                 continue
             record |= self._new_attempt(record)
             record.pop("groupRestarts", None)  # a retry has the whole budget again
+            record.pop("disruptionRestarts", None)
             record.pop("startTime", None)
             record.pop("completionTime", None)
             self._event("Normal", "Retrying", f"spec changed after failure: retrying stage {stage}")
@@ -291,7 +293,16 @@ class TrainingPlanner:
             message = failed[0].message
             if failed[0].reason == DEADLINE_EXCEEDED and (stuck := self._stuck_before(stage)):
                 message += f"; it was stuck: {stuck}"
-            if self._restart_trainer_group(stage, failed[0].reason, message):
+            disruption = next(
+                (
+                    found
+                    for name in record["jobs"]
+                    if (job := self.observed.jobs.get(name))
+                    and (found := disrupted_rank(job, self.observed.pods_of(name)))
+                ),
+                None,
+            )
+            if self._restart_trainer_group(stage, failed[0].reason, message, disruption):
                 return False
             if restarts := self.records[stage].get("groupRestarts"):
                 message += f" (after {restarts} restarts of the trainer group)"
@@ -321,18 +332,31 @@ class TrainingPlanner:
             self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
         return self.records[stage]["state"] == "Succeeded"
 
-    def _restart_trainer_group(self, stage: str, reason: str, message: str) -> bool:
+    def _restart_trainer_group(self, stage: str, reason: str, message: str, disruption: str | None) -> bool:
         """A multi-node trainer Job failed (one rank, which stopped the others): start the whole group
-        again in a new Job, every rank resuming from the last checkpoint, while training.groupRestarts
-        allows. A missed deadline is not restarted."""
+        again in a new Job, every rank resuming from the last checkpoint. A rank that was evicted or
+        preempted (`disruption`) does not spend training.groupRestarts, up to
+        training.disruptionRestarts times; a crash does, while it allows. A missed deadline is not
+        restarted."""
         record, training = self.records[stage], self.dt.spec.training
+        if stage != "train" or training.nodes == 1 or reason == DEADLINE_EXCEEDED:
+            return False
+        disrupted = record.get("disruptionRestarts", 0)
+        if disruption and disrupted < training.disruption_restarts:
+            record |= self._new_attempt(record) | {
+                "disruptionRestarts": disrupted + 1,
+                "message": f"restarting the trainer group after a disrupted rank: {disruption}",
+            }
+            self._event(
+                "Warning",
+                "RankDisrupted",
+                f"disruption restart {disrupted + 1} of {training.disruption_restarts} (groupRestarts unspent): "
+                f"every rank resumes from the last checkpoint after {disruption}",
+            )
+            self._requeue(1)
+            return True
         done = record.get("groupRestarts", 0)
-        if (
-            stage != "train"
-            or training.nodes == 1
-            or reason == DEADLINE_EXCEEDED
-            or done >= training.group_restarts
-        ):
+        if done >= training.group_restarts:
             return False
         record |= self._new_attempt(record) | {
             "groupRestarts": done + 1,
