@@ -485,6 +485,11 @@ class StageStatus(ApiModel):
         description="Times the trainer group started again after a rank was evicted or preempted "
         "(training.disruptionRestarts; Event RankDisrupted).",
     )
+    disruption: str | None = Field(
+        None,
+        description="The first rank of the current trainer group seen evicted or preempted (its pod had the "
+        "DisruptionTarget condition): the group's failure then restarts it without spending groupRestarts.",
+    )
     start_time: str | None = Field(
         None, description="When the stage started.", json_schema_extra={"format": "date-time"}
     )

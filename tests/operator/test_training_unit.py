@@ -623,3 +623,27 @@ def test_a_crash_of_a_rank_still_spends_group_restarts():
     plan = cluster.reconcile()
     assert plan.status["phase"] == "Failed" and "disruptionRestarts" not in stage_of(plan, "train")
     assert not [e for e in plan.events if e.reason == "RankDisrupted"]
+
+
+def test_a_disruption_seen_while_the_group_ran_counts_when_the_evicted_pod_is_gone_at_its_failure():
+    """The evicted pod can be gone when the surviving rank's failure fails the Job: the record keeps
+    the disruption a reconcile saw while the group ran, and the next group starts without it."""
+    cluster, _ = _two_node_training_after_generation(groupRestarts=0)
+    job = cluster.observed.jobs["llama-train"]
+    evicted = fakes.job_pod(job, phase="Running", message=None, index=1)
+    evicted["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    ]
+    cluster.observed.pods.append(evicted)
+    plan = cluster.reconcile()
+    noted = "pod llama-train-1-abcde was disrupted (PreemptionByScheduler)"
+    assert plan.status["phase"] == "Running" and stage_of(plan, "train")["disruption"] == noted
+    cluster.observed.pods.remove(evicted)
+    cluster.finish(job, ok=False, message="gloo: connection closed by peer", reason="Error", exit_code=1)
+    plan = cluster.reconcile()
+    train = stage_of(plan, "train")
+    assert (
+        plan.status["phase"] == "Running" and train["disruptionRestarts"] == 1 and "disruption" not in train
+    )
+    (event,) = [e for e in plan.events if e.reason == "RankDisrupted"]
+    assert noted in event.message

@@ -181,6 +181,7 @@ class TrainingPlanner:
             record |= self._new_attempt(record)
             record.pop("groupRestarts", None)  # a retry has the whole budget again
             record.pop("disruptionRestarts", None)
+            record.pop("disruption", None)
             record.pop("startTime", None)
             record.pop("completionTime", None)
             self._event("Normal", "Retrying", f"spec changed after failure: retrying stage {stage}")
@@ -288,20 +289,18 @@ class TrainingPlanner:
         progress = latest_progress([p for name in record["jobs"] for p in self.observed.pods_of(name)])
         if progress is not None:
             status["progress"] = progress.to_json()
+        group = stage == "train" and self.dt.spec.training.nodes > 1
+        disruption = self._disrupted_rank(record) if group else None
+        if disruption:
+            # The disrupted pod is gone soon after it ended, possibly before the group's Job fails
+            # (when a surviving rank fails first): its record keeps the first one seen.
+            record.setdefault("disruption", disruption[:1000])
         failed = [o for o in outcomes if o.state == "Failed"]
         if failed:
             message = failed[0].message
             if failed[0].reason == DEADLINE_EXCEEDED and (stuck := self._stuck_before(stage)):
                 message += f"; it was stuck: {stuck}"
-            disruption = next(
-                (
-                    found
-                    for name in record["jobs"]
-                    if (job := self.observed.jobs.get(name))
-                    and (found := disrupted_rank(job, self.observed.pods_of(name)))
-                ),
-                None,
-            )
+            disruption = disruption or record.get("disruption")
             if self._restart_trainer_group(stage, failed[0].reason, message, disruption):
                 return False
             if restarts := self.records[stage].get("groupRestarts"):
@@ -332,6 +331,14 @@ class TrainingPlanner:
             self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
         return self.records[stage]["state"] == "Succeeded"
 
+    def _disrupted_rank(self, record: dict[str, Any]) -> str | None:
+        """What disrupted a rank of the stage's Jobs, as observed now (reconcile/disruption.py)."""
+        for name in record["jobs"]:
+            job = self.observed.jobs.get(name)
+            if job and (found := disrupted_rank(job, self.observed.pods_of(name))):
+                return found
+        return None
+
     def _restart_trainer_group(self, stage: str, reason: str, message: str, disruption: str | None) -> bool:
         """A multi-node trainer Job failed (one rank, which stopped the others): start the whole group
         again in a new Job, every rank resuming from the last checkpoint. A rank that was evicted or
@@ -343,6 +350,7 @@ class TrainingPlanner:
             return False
         disrupted = record.get("disruptionRestarts", 0)
         if disruption and disrupted < training.disruption_restarts:
+            record.pop("disruption", None)  # the next group notes its own
             record |= self._new_attempt(record) | {
                 "disruptionRestarts": disrupted + 1,
                 "message": f"restarting the trainer group after a disrupted rank: {disruption}",
@@ -358,6 +366,7 @@ class TrainingPlanner:
         done = record.get("groupRestarts", 0)
         if done >= training.group_restarts:
             return False
+        record.pop("disruption", None)
         record |= self._new_attempt(record) | {
             "groupRestarts": done + 1,
             "message": f"restarting the trainer group after: {message}",
