@@ -240,7 +240,16 @@ class TrainingSpec(ApiModel):
         3,
         description="With nodes > 1: how often the whole trainer group starts again, every rank resuming "
         "from the last checkpoint, after one rank failed (a torchrun group cannot take a recreated rank "
-        "back, so the Job stops the others at once); then the training fails. 0: fail at the first.",
+        "back, so the Job stops the others at once); then the training fails. 0: fail at the first. A rank "
+        "that was evicted or preempted (its pod has the DisruptionTarget condition: a node drain, "
+        "preemption) does not spend it, up to disruptionRestarts times.",
+    )
+    disruption_restarts: Annotated[int, Field(ge=0, le=1000)] = Field(
+        20,
+        description="With nodes > 1: how often the whole trainer group starts again after a rank was evicted "
+        "or preempted (DisruptionTarget), without spending groupRestarts; the cap keeps a crash loop that "
+        "looks like disruptions from restarting forever. Beyond it, a disrupted rank spends groupRestarts "
+        "like a crash.",
     )
     checkpoint_every: Annotated[int, Field(ge=1)] = Field(
         500, description="Save a checkpoint every N steps (and always at the end)."
@@ -470,6 +479,16 @@ class StageStatus(ApiModel):
     jobs: list[str] = Field(default_factory=list, description="Jobs of this stage.")
     group_restarts: int = Field(
         0, description="Times the trainer group started again after a rank failed (training.groupRestarts)."
+    )
+    disruption_restarts: int = Field(
+        0,
+        description="Times the trainer group started again after a rank was evicted or preempted "
+        "(training.disruptionRestarts; Event RankDisrupted).",
+    )
+    disruption: str | None = Field(
+        None,
+        description="The first rank of the current trainer group seen evicted or preempted (its pod had the "
+        "DisruptionTarget condition): the group's failure then restarts it without spending groupRestarts.",
     )
     start_time: str | None = Field(
         None, description="When the stage started.", json_schema_extra={"format": "date-time"}

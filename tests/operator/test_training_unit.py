@@ -523,3 +523,127 @@ def test_epochs_progress_shows_the_step_of_the_derived_total():
     cluster.observed.pods.append(fakes.job_pod(train, phase="Running", message=None, annotations=annotations))
     plan = cluster.reconcile()
     assert (plan.status["progress"]["step"], plan.status["progress"]["totalSteps"]) == (40, 96)
+
+
+def test_trainer_jobs_keep_a_disrupted_pod_apart_from_a_crash_through_a_pod_failure_policy():
+    """A multi-rank group cannot take a recreated rank back: a disrupted rank fails the Job at once
+    (FailJob); a one-pod trainer's disrupted pod is recreated without spending backoffLimit (Ignore)."""
+    disrupted = [{"type": "DisruptionTarget", "status": "True"}]
+    _, plan = _two_node_training_after_generation()
+    train = next(o for o in plan.create if o["kind"] == "Job")
+    assert train["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert train["spec"]["podFailurePolicy"] == {
+        "rules": [{"action": "FailJob", "onPodConditions": disrupted}]
+    }
+    single = Cluster(fakes.draft_training(training={"steps": 100, "checkpointEvery": 50}))
+    single.run_to_end()
+    jobs = single.observed.jobs
+    assert jobs["llama-train"]["spec"]["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": disrupted}
+    ]
+    assert not [
+        name for name, job in jobs.items() if name != "llama-train" and "podFailurePolicy" in job["spec"]
+    ]
+
+
+def stage_of(plan: Plan, stage: str) -> dict:
+    return next(s for s in plan.status["stages"] if s["name"] == stage)
+
+
+def _disrupt_rank(cluster: Cluster, name: str) -> None:
+    """What the Job controller leaves when its FailJob rule matched an evicted rank's pod."""
+    job = cluster.observed.jobs[name]
+    cluster.finish(job, ok=False, message="", reason="Error", exit_code=143, index=1)
+    failed = cluster.observed.jobs[name]["status"]["conditions"][0]
+    failed |= {
+        "reason": "PodFailurePolicy",
+        "message": f"Pod ns/{name}-1-abcde has condition DisruptionTarget matching FailJob rule at index 0",
+    }
+
+
+def test_a_disrupted_rank_restarts_the_group_without_spending_group_restarts_up_to_its_own_cap():
+    cluster, _ = _two_node_training_after_generation(groupRestarts=1, disruptionRestarts=2)
+    names = ["llama-train", "llama-train-r1", "llama-train-r2", "llama-train-r3"]
+    for restart, name in enumerate(names[:2]):
+        _disrupt_rank(cluster, name)
+        plan = cluster.reconcile()
+        train = stage_of(plan, "train")
+        assert plan.status["phase"] == "Running" and train["disruptionRestarts"] == restart + 1
+        assert "groupRestarts" not in train and train["jobs"] == []
+        (event,) = [e for e in plan.events if e.reason == "RankDisrupted"]
+        assert f"disruption restart {restart + 1} of 2 (groupRestarts unspent)" in event.message
+        assert f"Pod ns/{name}-1-abcde has condition DisruptionTarget" in event.message
+        assert not [e for e in plan.events if e.reason == "TrainerGroupRestarted"]
+        plan = cluster.reconcile()
+        assert [o["metadata"]["name"] for o in plan.create if o["kind"] == "Job"] == [names[restart + 1]]
+    # Past disruptionRestarts a disruption spends groupRestarts like a crash, then the training fails.
+    _disrupt_rank(cluster, "llama-train-r2")
+    plan = cluster.reconcile()
+    train = stage_of(plan, "train")
+    assert (train["disruptionRestarts"], train["groupRestarts"]) == (2, 1)
+    assert [e.reason for e in plan.events if e.reason in ("RankDisrupted", "TrainerGroupRestarted")] == [
+        "TrainerGroupRestarted"
+    ]
+    cluster.reconcile()
+    _disrupt_rank(cluster, "llama-train-r3")
+    plan = cluster.reconcile()
+    assert plan.status["phase"] == "Failed"
+
+
+def test_a_rank_that_failed_before_its_disrupted_peer_ended_still_counts_as_a_disruption():
+    """The surviving rank can fail first (BackoffLimitExceeded): the evicted pod, still terminating,
+    carries the DisruptionTarget condition the API server gave it."""
+    cluster, _ = _two_node_training_after_generation(groupRestarts=0)
+    job = cluster.observed.jobs["llama-train"]
+    cluster.finish(job, ok=False, message="NCCL error: remote process exited", reason="Error", exit_code=1)
+    evicted = fakes.job_pod(job, phase="Running", message=None, index=1)
+    evicted["status"]["conditions"] = [
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting",
+        }
+    ]
+    cluster.observed.pods.append(evicted)
+    plan = cluster.reconcile()
+    train = stage_of(plan, "train")
+    assert plan.status["phase"] == "Running" and train["disruptionRestarts"] == 1
+    (event,) = [e for e in plan.events if e.reason == "RankDisrupted"]
+    assert (
+        "pod llama-train-1-abcde was disrupted (EvictionByEvictionAPI: Eviction API: evicting)"
+        in event.message
+    )
+
+
+def test_a_crash_of_a_rank_still_spends_group_restarts():
+    cluster, _ = _two_node_training_after_generation(groupRestarts=0)
+    job = cluster.observed.jobs["llama-train"]
+    cluster.finish(job, ok=False, message="Traceback: ValueError", reason="Error", exit_code=1, index=1)
+    plan = cluster.reconcile()
+    assert plan.status["phase"] == "Failed" and "disruptionRestarts" not in stage_of(plan, "train")
+    assert not [e for e in plan.events if e.reason == "RankDisrupted"]
+
+
+def test_a_disruption_seen_while_the_group_ran_counts_when_the_evicted_pod_is_gone_at_its_failure():
+    """The evicted pod can be gone when the surviving rank's failure fails the Job: the record keeps
+    the disruption a reconcile saw while the group ran, and the next group starts without it."""
+    cluster, _ = _two_node_training_after_generation(groupRestarts=0)
+    job = cluster.observed.jobs["llama-train"]
+    evicted = fakes.job_pod(job, phase="Running", message=None, index=1)
+    evicted["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    ]
+    cluster.observed.pods.append(evicted)
+    plan = cluster.reconcile()
+    noted = "pod llama-train-1-abcde was disrupted (PreemptionByScheduler)"
+    assert plan.status["phase"] == "Running" and stage_of(plan, "train")["disruption"] == noted
+    cluster.observed.pods.remove(evicted)
+    cluster.finish(job, ok=False, message="gloo: connection closed by peer", reason="Error", exit_code=1)
+    plan = cluster.reconcile()
+    train = stage_of(plan, "train")
+    assert (
+        plan.status["phase"] == "Running" and train["disruptionRestarts"] == 1 and "disruption" not in train
+    )
+    (event,) = [e for e in plan.events if e.reason == "RankDisrupted"]
+    assert noted in event.message

@@ -21,6 +21,7 @@ from eagle3_api.stages import STAGE_CONDITIONS
 from eagle3_api.workspace import export_version
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconcile.conditions import get_condition, set_condition
+from eagle3_operator.reconcile.disruption import disrupted_rank
 from eagle3_operator.reconcile.jobs import (
     DEADLINE_EXCEEDED,
     POD_CREATION_GRACE_S,
@@ -179,6 +180,8 @@ class TrainingPlanner:
                 continue
             record |= self._new_attempt(record)
             record.pop("groupRestarts", None)  # a retry has the whole budget again
+            record.pop("disruptionRestarts", None)
+            record.pop("disruption", None)
             record.pop("startTime", None)
             record.pop("completionTime", None)
             self._event("Normal", "Retrying", f"spec changed after failure: retrying stage {stage}")
@@ -286,12 +289,19 @@ class TrainingPlanner:
         progress = latest_progress([p for name in record["jobs"] for p in self.observed.pods_of(name)])
         if progress is not None:
             status["progress"] = progress.to_json()
+        group = stage == "train" and self.dt.spec.training.nodes > 1
+        disruption = self._disrupted_rank(record) if group else None
+        if disruption:
+            # The disrupted pod is gone soon after it ended, possibly before the group's Job fails
+            # (when a surviving rank fails first): its record keeps the first one seen.
+            record.setdefault("disruption", disruption[:1000])
         failed = [o for o in outcomes if o.state == "Failed"]
         if failed:
             message = failed[0].message
             if failed[0].reason == DEADLINE_EXCEEDED and (stuck := self._stuck_before(stage)):
                 message += f"; it was stuck: {stuck}"
-            if self._restart_trainer_group(stage, failed[0].reason, message):
+            disruption = disruption or record.get("disruption")
+            if self._restart_trainer_group(stage, failed[0].reason, message, disruption):
                 return False
             if restarts := self.records[stage].get("groupRestarts"):
                 message += f" (after {restarts} restarts of the trainer group)"
@@ -321,19 +331,42 @@ class TrainingPlanner:
             self._fail(stage, "InvalidStageResult", f"the stage result lacks a usable metric: {exc!r}")
         return self.records[stage]["state"] == "Succeeded"
 
-    def _restart_trainer_group(self, stage: str, reason: str, message: str) -> bool:
+    def _disrupted_rank(self, record: dict[str, Any]) -> str | None:
+        """What disrupted a rank of the stage's Jobs, as observed now (reconcile/disruption.py)."""
+        for name in record["jobs"]:
+            job = self.observed.jobs.get(name)
+            if job and (found := disrupted_rank(job, self.observed.pods_of(name))):
+                return found
+        return None
+
+    def _restart_trainer_group(self, stage: str, reason: str, message: str, disruption: str | None) -> bool:
         """A multi-node trainer Job failed (one rank, which stopped the others): start the whole group
-        again in a new Job, every rank resuming from the last checkpoint, while training.groupRestarts
-        allows. A missed deadline is not restarted."""
+        again in a new Job, every rank resuming from the last checkpoint. A rank that was evicted or
+        preempted (`disruption`) does not spend training.groupRestarts, up to
+        training.disruptionRestarts times; a crash does, while it allows. A missed deadline is not
+        restarted."""
         record, training = self.records[stage], self.dt.spec.training
-        done = record.get("groupRestarts", 0)
-        if (
-            stage != "train"
-            or training.nodes == 1
-            or reason == DEADLINE_EXCEEDED
-            or done >= training.group_restarts
-        ):
+        if stage != "train" or training.nodes == 1 or reason == DEADLINE_EXCEEDED:
             return False
+        disrupted = record.get("disruptionRestarts", 0)
+        if disruption and disrupted < training.disruption_restarts:
+            record.pop("disruption", None)  # the next group notes its own
+            record |= self._new_attempt(record) | {
+                "disruptionRestarts": disrupted + 1,
+                "message": f"restarting the trainer group after a disrupted rank: {disruption}",
+            }
+            self._event(
+                "Warning",
+                "RankDisrupted",
+                f"disruption restart {disrupted + 1} of {training.disruption_restarts} (groupRestarts unspent): "
+                f"every rank resumes from the last checkpoint after {disruption}",
+            )
+            self._requeue(1)
+            return True
+        done = record.get("groupRestarts", 0)
+        if done >= training.group_restarts:
+            return False
+        record.pop("disruption", None)
         record |= self._new_attempt(record) | {
             "groupRestarts": done + 1,
             "message": f"restarting the trainer group after: {message}",

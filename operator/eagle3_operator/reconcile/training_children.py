@@ -16,6 +16,7 @@ from eagle3_api import stage_plan
 from eagle3_api.draft_training import DraftTraining
 from eagle3_api.stage_plan import server_for, workspace_claim, workspace_path
 from eagle3_operator.reconcile import meta
+from eagle3_operator.reconcile.disruption import trainer_pod_failure_policy
 from eagle3_operator.reconcile.jobs import STAGE_CONTAINER
 from eagle3_operator.reconcile.pods import (
     PROBE_PERIOD_S,
@@ -313,6 +314,10 @@ def stage_job(
         # until the collective timeout: one failed rank fails the Job, which stops the others, and
         # the operator starts the whole group again (training.groupRestarts).
         job_spec["backoffLimit"] = 0
+    if stage == "train":
+        # An evicted or preempted trainer pod is no crash (reconcile/disruption.py); the pods'
+        # restartPolicy is Never, which a podFailurePolicy needs.
+        job_spec["podFailurePolicy"] = trainer_pod_failure_policy(nodes)
     if spec.runtime.stage_deadline_seconds:
         job_spec["activeDeadlineSeconds"] = spec.runtime.stage_deadline_seconds
     if spec.scheduling.queue_name:
