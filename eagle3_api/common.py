@@ -160,7 +160,7 @@ class TargetSpec(ApiModel):
     extra_args: Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)] = Field(
         default_factory=list,
         description="Extra command-line arguments appended to `vllm serve`: the target server's, and those of "
-        "the vLLM servers that evaluation, the sweep and verification start on the target.",
+        "the vLLM servers that extraction, evaluation, the sweep and verification start on the target.",
     )
     env: EnvList = env_field(
         "Extra environment variables of every container the operator runs for this object "
@@ -181,7 +181,7 @@ class TargetSpec(ApiModel):
 
     @property
     def vllm_stage_server_args(self) -> list[str]:
-        """What the vLLM servers a stage starts on the target (evaluate, sweep) add to its model,
+        """What the vLLM servers a stage starts on the target (extract, evaluate, sweep) add to its model,
         address, name and context length, so that a draft is measured on the target as it is served.
         No --revision: those stages pin the revision themselves (--target-revision)."""
         backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []

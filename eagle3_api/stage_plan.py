@@ -193,7 +193,7 @@ def _generate_argv(dt: DraftTraining, at: Locations, server: str) -> list[str]:
 
 def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:
     """`eagle3 extract --mode offline`: hidden states into the workspace (it starts its own server)."""
-    return ["extract"] + flags(
+    argv = ["extract"] + flags(
         {
             "--workspace": at.workspace,
             "--mode": "offline",
@@ -203,11 +203,12 @@ def _extract_argv(dt: DraftTraining, at: Locations) -> list[str]:
             "--max-length": dt.spec.data.max_length,
         }
     )
+    return argv + _vllm_arg_flags(dt)
 
 
 def stream_server_argv(dt: DraftTraining, at: Locations, port: int, stream_port: int) -> list[str]:
     """`eagle3 extract --mode streaming`: the extraction server a streaming trainer reads from."""
-    return ["extract"] + flags(
+    argv = ["extract"] + flags(
         {
             "--workspace": at.workspace,
             "--mode": "streaming",
@@ -218,6 +219,7 @@ def stream_server_argv(dt: DraftTraining, at: Locations, port: int, stream_port:
             "--stream-port": stream_port,
         }
     )
+    return argv + _vllm_arg_flags(dt)
 
 
 def _train_argv(dt: DraftTraining, at: Locations, stream_server: str | None) -> list[str]:
@@ -289,8 +291,9 @@ def _evaluate_argv(dt: DraftTraining, at: Locations, step: int) -> list[str]:
 
 
 def _vllm_arg_flags(dt: DraftTraining) -> list[str]:
-    """The servers evaluate and sweep start run the target as its server does (tensor parallelism,
-    quantization, attention backend, extraArgs): a draft is measured where it will be served."""
+    """The servers extract, evaluate and sweep start run the target as its server does (tensor
+    parallelism, quantization, attention backend, extraArgs): states are taken from, and a draft is
+    measured on, the target as it is served."""
     return [f"--vllm-arg={arg}" for arg in dt.spec.target.vllm_stage_server_args]
 
 

@@ -9,6 +9,7 @@ token gets exactly the `[4, H]` states of a `HiddenStateSample`. The project's c
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -85,7 +86,10 @@ def start_extraction_server(
     served_model_name: str = "target",
     host: str = "127.0.0.1",
     port: int | None = None,
+    vllm_args: Sequence[str] = (),
 ) -> VLLMServer:
+    """An extraction server of the target; `vllm_args` (how the target is served: tensor parallelism,
+    quantization, extraArgs) come before the extraction's own, which win where both set a flag."""
     speculative, args = extraction_server_args(
         layer_ids, num_hidden_layers, storage_dir=storage_dir, endpoint=endpoint
     )
@@ -95,7 +99,7 @@ def start_extraction_server(
         served_model_name=served_model_name,
         max_model_len=max_model_len,
         speculative_config=speculative,
-        extra_args=args,
+        extra_args=[*vllm_args, *args],
         host=host,
         port=port,
     )

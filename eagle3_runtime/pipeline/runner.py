@@ -158,6 +158,7 @@ class PipelineRunner:
             log_path=self.logs_dir / "stream-vllm.log",
             endpoint=f"tcp://127.0.0.1:{free_port()}",
             max_model_len=spec.data.max_length + 1,
+            vllm_args=spec.target.vllm_stage_server_args,
         )
         try:
             self._stage(self.argv("train", server=server.url))

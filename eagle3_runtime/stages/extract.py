@@ -28,6 +28,7 @@ from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.pinned_target import add_target_arguments, pin_target
 from eagle3_runtime.progress import ProgressReporter
 from eagle3_runtime.target import TargetHead, load_target_config
+from eagle3_runtime.vllm_server import add_vllm_arg_argument
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scratch-dir", type=Path, help="where the server's connector writes (offline)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port of the streaming server")
     parser.add_argument("--stream-port", type=int, default=5600, help="zmq port the states stream from")
+    add_vllm_arg_argument(parser, "the extraction server it starts")
 
 
 def _result(directory: Path, message: str) -> StageResult:
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> StageResult:
             log_path=workspace.root / "logs" / "extract-vllm.log",
             storage_dir=scratch.resolve(),
             max_model_len=args.max_length + 1,
+            vllm_args=args.vllm_arg,
         )
     url = server.url if server else args.server
 
@@ -128,6 +131,7 @@ def _serve_streaming(
         max_model_len=args.max_length + 1,
         host="0.0.0.0",
         port=args.port,
+        vllm_args=args.vllm_arg,
     )
     log.info(
         "streaming extraction server on port %d (states on %d); stop with SIGTERM",

@@ -162,8 +162,8 @@ def test_every_stage_that_reads_the_target_reads_its_pinned_revision(mode):
     assert "--target-revision" not in unpinned
 
 
-def test_evaluate_and_sweep_serve_the_target_as_its_server_does():
-    """The vLLM servers that evaluate and sweep start get the target's tensor parallelism,
+def test_extract_evaluate_and_sweep_serve_the_target_as_its_server_does():
+    """The vLLM servers that extract (both modes), evaluate and sweep start get the target's tensor parallelism,
     quantization, attention backend and extraArgs (an 8-GPU target started with TP 1 would not fit);
     each stage's own parser reads them back in order. No --revision: they pin it themselves."""
     import argparse
@@ -190,10 +190,12 @@ def test_evaluate_and_sweep_serve_the_target_as_its_server_does():
         "--max-num-seqs",
         "64",
     ]
-    for stage, argv in {
-        "evaluate": stage_plan.stage_argv(training, "evaluate", _Anywhere(), step=4),
-        "sweep": stage_plan.stage_argv(training, "sweep", _Anywhere()),
-    }.items():
+    for stage, argv in [
+        ("extract", stage_plan.stage_argv(training, "extract", _Anywhere())),
+        ("extract", stage_plan.stream_server_argv(training, _Anywhere(), 8000, 5600)),
+        ("evaluate", stage_plan.stage_argv(training, "evaluate", _Anywhere(), step=4)),
+        ("sweep", stage_plan.stage_argv(training, "sweep", _Anywhere())),
+    ]:
         parser = argparse.ArgumentParser()
         importlib.import_module(f"eagle3_runtime.stages.{stage}").add_arguments(parser)
         assert parser.parse_args(argv[1:]).vllm_arg == served, (stage, argv)

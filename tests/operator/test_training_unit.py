@@ -229,7 +229,7 @@ def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extra
     assert container["command"] == [
         "eagle3", "extract", "--workspace", "/workspace/runs/uid-1", "--mode", "streaming", "--target",
         "meta-llama/Llama-3.1-8B-Instruct", "--layer-ids", "2,8,13", "--max-length", "2047", "--port", "8000",
-        "--stream-port", "5600",
+        "--stream-port", "5600", "--vllm-arg=--tensor-parallel-size", "--vllm-arg=1",
     ]  # fmt: skip
     assert container["resources"]["limits"] == {"amd.com/gpu": "1"}
     service = next(o for o in plan.sync if o["kind"] == "Service" and o["metadata"]["name"] == "llama-stream")
