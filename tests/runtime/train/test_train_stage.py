@@ -87,10 +87,22 @@ def train_args(workspace, target_dir, *extra):
     ]
 
 
-def test_train_stage_offline_then_noop(tmp_path, target_dir):
+def test_train_stage_offline_then_noop(tmp_path, target_dir, monkeypatch):
+    """As one torchrun rank (its env variables): `eagle3 train` also destroys its gloo group before it
+    exits; a group left to interpreter teardown can abort the rank (SIGABRT, "terminate called
+    without an active exception"), seen failing a 2-node trainer Job."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
     workspace = Workspace(tmp_path / "ws")
     _write_states(target_dir, workspace)
-    assert eagle3(train_args(workspace, target_dir)) == 0
+    try:
+        assert eagle3(train_args(workspace, target_dir)) == 0
+        assert not torch.distributed.is_initialized(), "eagle3 train left its process group alive"
+    finally:
+        if torch.distributed.is_initialized():  # keep this pytest process clean for the next tests
+            torch.distributed.destroy_process_group()
     result = json.loads((workspace.root / "result.json").read_text())
     assert (
         result["ok"]
@@ -107,24 +119,6 @@ def test_train_stage_offline_then_noop(tmp_path, target_dir):
     # a finished run is a no-op with the same result
     assert eagle3(train_args(workspace, target_dir)) == 0
     assert json.loads((workspace.root / "result.json").read_text())["metrics"]["step"] == 4
-
-
-def test_a_rank_leaves_its_process_group_when_training_ends(tmp_path, target_dir, monkeypatch):
-    """Under torchrun (its env variables, one rank here) `eagle3 train` destroys its gloo group before
-    it exits: a group left to interpreter teardown can abort the rank (SIGABRT, "terminate called
-    without an active exception"), seen failing a 2-node trainer Job."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        monkeypatch.setenv(name, value)
-    workspace = Workspace(tmp_path / "ws")
-    _write_states(target_dir, workspace)
-    try:
-        assert eagle3(train_args(workspace, target_dir)) == 0
-        assert not torch.distributed.is_initialized(), "eagle3 train left its process group alive"
-    finally:
-        if torch.distributed.is_initialized():  # keep this pytest process clean for the next tests
-            torch.distributed.destroy_process_group()
 
 
 def _failure(workspace, target_dir, *extra) -> str:
