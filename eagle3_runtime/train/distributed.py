@@ -33,6 +33,16 @@ class DistributedContext:
         if self.enabled:
             dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group together, after a successful run only. A process that exits with
+        its gloo group alive can abort in interpreter teardown ("terminate called without an active
+        exception": gloo's threads still hold work with tensors), which fails the rank and its
+        peers' torchrun exit barrier. After an error this is not called: destroying the group while
+        a peer is inside a collective can hang."""
+        if self.enabled:
+            dist.barrier()
+            dist.destroy_process_group()
+
 
 def init_distributed(device: str | None = None) -> DistributedContext:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; NCCL on GPUs, gloo on CPU."""

@@ -192,4 +192,5 @@ def run_training(config: TrainConfig) -> TrainingOutcome:
         target=target,
     )
     summary = trainer.train()
+    context.close()
     return TrainingOutcome(trainer.step, asdict(settings), summary, trainer.checkpoints)

@@ -272,12 +272,24 @@ STAGE_JOBS = [
 ]
 
 
-def wait_for_stage_pods(cluster: LocalCluster, namespace: str, jobs: list[str]) -> dict[str, list[dict]]:
-    def ready() -> dict[str, list[dict]] | None:
-        pods = {job: running_pods_of_job(cluster, namespace, job) for job in jobs}
-        return pods if all(pods.values()) else None
+def wait_for_stage_pods(
+    cluster: LocalCluster, namespace: str, jobs: list[str], *, timeout: float = 60
+) -> dict[str, list[dict]]:
+    """Each Job's Running pods, once as many run as its spec.parallelism: the scheduler and kwok
+    start a multi-pod Job's pods one by one, and a pod left Running would keep its Job from ever
+    completing."""
 
-    return wait_until(ready, timeout=60, interval=0.3, what=f"running pods of {jobs}")
+    def ready() -> dict[str, list[dict]] | None:
+        pods = {}
+        for job in jobs:
+            found = get(cluster, f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}")
+            running = running_pods_of_job(cluster, namespace, job)
+            if found is None or not running or len(running) < found["spec"].get("parallelism", 1):
+                return None
+            pods[job] = running
+        return pods
+
+    return wait_until(ready, timeout=timeout, interval=0.3, what=f"all running pods of {jobs}")
 
 
 def complete_stage(cluster: LocalCluster, namespace: str, stage: str, jobs: list[str]) -> None:

@@ -184,15 +184,7 @@ def _run_online_multi_node_training(cluster: LocalCluster, ns: str) -> dict[str,
 def _check_indexed_training(cluster: LocalCluster, ns: str) -> None:
     """Two trainer pods of one Indexed Job, each with its index, hostname and the headless
     Service's subdomain, published by the real EndpointSlice controller under their hostnames."""
-    pods = wait_until(
-        lambda: (
-            (found := wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"])
-            and len(found) == 2
-            and found
-        ),
-        timeout=30,
-        what="both trainer pods running",
-    )
+    pods = wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]
     by_index = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
     assert sorted(by_index) == ["0", "1"]
     for index, pod in by_index.items():
@@ -339,8 +331,9 @@ dist.init_process_group("gloo")
 total = torch.tensor([dist.get_rank() + 1])
 dist.all_reduce(total)
 print("rank", dist.get_rank(), "of", dist.get_world_size(), "via", os.environ["MASTER_ADDR"], "sum", total.item())
-# Leave together: a rank that exits with its gloo group alive can abort ("terminate called without
-# an active exception") while its peer still talks to it (seen once in CI under load).
+# Leave together, as `eagle3 train` does (DistributedContext.close): a rank that exits with its gloo
+# group alive can abort in interpreter teardown ("terminate called without an active exception",
+# seen once in CI), which fails its pod and its peer's torchrun exit barrier.
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -501,11 +494,7 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
     admit_like_kueue(cluster, ns, "llama-generate")
     complete_stage(cluster, ns, "generate", ["llama-generate"])
     admit_like_kueue(cluster, ns, "llama-train")
-    pods = wait_until(
-        lambda: len(found := wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]) == 2 and found,
-        timeout=30,
-        what="both trainer pods running",
-    )
+    pods = wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]
     by_index = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
     cluster.fail_pod(ns, by_index["1"]["metadata"]["name"], message="NCCL error: remote process exited")
 
@@ -520,10 +509,8 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
         timeout=120,
         what="the failed group's pods gone, rank 0's too",
     )
-    complete_stage(cluster, ns, "train", ["llama-train-r1"])
-    # The Job controller completes the new Job from its pods: under a loaded CI machine that took
-    # over 60 s once.
-    done = wait_stage_succeeded(cluster, ns, "llama", "train", timeout=180)
+    complete_stage(cluster, ns, "train", ["llama-train-r1"])  # both ranks: it waits for both to run
+    done = wait_stage_succeeded(cluster, ns, "llama", "train")
     record = stage_record(done, "train")
     assert (record["groupRestarts"], record["attempt"], record["jobs"]) == (1, 1, ["llama-train-r1"])
     (event,) = [e for e in events_of(cluster, ns, "llama") if e["reason"] == "TrainerGroupRestarted"]

@@ -10,6 +10,7 @@ from eagle3_api.workspace import Workspace
 from eagle3_runtime.cli import main as eagle3
 from eagle3_runtime.hidden_states import HiddenStateSample, write_samples
 from eagle3_runtime.target import OnlineHiddenStates, TargetHead
+from eagle3_runtime.vllm_server import free_port
 from tests.runtime.model.test_model import tiny_target_config
 
 
@@ -86,10 +87,22 @@ def train_args(workspace, target_dir, *extra):
     ]
 
 
-def test_train_stage_offline_then_noop(tmp_path, target_dir):
+def test_train_stage_offline_then_noop(tmp_path, target_dir, monkeypatch):
+    """As one torchrun rank (its env variables): `eagle3 train` also destroys its gloo group before it
+    exits; a group left to interpreter teardown can abort the rank (SIGABRT, "terminate called
+    without an active exception"), seen failing a 2-node trainer Job."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
     workspace = Workspace(tmp_path / "ws")
     _write_states(target_dir, workspace)
-    assert eagle3(train_args(workspace, target_dir)) == 0
+    try:
+        assert eagle3(train_args(workspace, target_dir)) == 0
+        assert not torch.distributed.is_initialized(), "eagle3 train left its process group alive"
+    finally:
+        if torch.distributed.is_initialized():  # keep this pytest process clean for the next tests
+            torch.distributed.destroy_process_group()
     result = json.loads((workspace.root / "result.json").read_text())
     assert (
         result["ok"]

@@ -223,7 +223,7 @@ if __name__ == "__main__":  # one rank of the gloo tests, started under torchrun
         trainer.train_step()  # rank 0 waits for its lost peer
     else:
         trainer.train()
-    torch.distributed.destroy_process_group()
+    trainer.context.close()
 
 
 def test_epoch_length_is_the_rows_one_pass_packs():
