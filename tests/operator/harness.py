@@ -292,6 +292,31 @@ def wait_for_stage_pods(
     return wait_until(ready, timeout=timeout, interval=0.3, what=f"all running pods of {jobs}")
 
 
+def trainer_ranks(cluster: LocalCluster, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    """The running pods of a multi-rank trainer Job, by completion index ("0", "1", ...)."""
+    pods = wait_for_stage_pods(cluster, namespace, [job])[job]
+    return {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
+
+
+def start_two_rank_training(cluster: LocalCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    """A DraftTraining `llama` whose trainer is a 2-rank group (online states, Kueue-queued, one
+    group restart allowed) driven to its first trainer Job; returns that Job's ranks (trainer_ranks).
+    The operator must be running in `namespace`."""
+    prepare_training_volumes(cluster, namespace)
+    body = training_body(
+        namespace,
+        hiddenStates={"mode": "online", "layerIds": [1, 5, 9]},
+        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 1, "groupRestarts": 1},
+        storage={"accessModes": ["ReadWriteMany"]},
+        scheduling={"queueName": "gpu-queue"},
+    )
+    cluster.request("POST", draft_training_path(namespace), body)
+    admit_like_kueue(cluster, namespace, "llama-generate")
+    complete_stage(cluster, namespace, "generate", ["llama-generate"])
+    admit_like_kueue(cluster, namespace, "llama-train")
+    return trainer_ranks(cluster, namespace, "llama-train")
+
+
 def complete_stage(cluster: LocalCluster, namespace: str, stage: str, jobs: list[str]) -> None:
     for job, pods in wait_for_stage_pods(cluster, namespace, jobs).items():
         for pod in pods:

@@ -8,26 +8,14 @@ from typing import Any
 
 from tests.operator.harness import (
     admit_like_kueue,
-    complete_stage,
     draft_training_path,
     events_of,
     jobs_of,
-    prepare_training_volumes,
     stage_record,
-    training_body,
-    wait_for_stage_pods,
+    start_two_rank_training,
+    trainer_ranks,
 )
 from tests.support.cluster import LocalCluster, wait_until
-
-
-def _ranks(cluster: LocalCluster, ns: str, job: str) -> dict[str, dict[str, Any]]:
-    """The running pods of a 2-rank trainer Job by completion index."""
-    pods = wait_until(
-        lambda: len(found := wait_for_stage_pods(cluster, ns, [job])[job]) == 2 and found,
-        timeout=30,
-        what=f"both pods of {job} running",
-    )
-    return {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
 
 
 def _train_record_once(cluster: LocalCluster, ns: str, jobs: list[str]) -> dict[str, Any]:
@@ -42,20 +30,8 @@ def test_an_evicted_rank_restarts_the_group_unspent_and_a_crashed_rank_spends_gr
     crds, manual_namespace, start_operator
 ):
     cluster, ns = crds, manual_namespace
-    prepare_training_volumes(cluster, ns)
     start_operator(ns)
-    body = training_body(
-        ns,
-        hiddenStates={"mode": "online", "layerIds": [1, 5, 9]},
-        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 1, "groupRestarts": 1},
-        storage={"accessModes": ["ReadWriteMany"]},
-        scheduling={"queueName": "gpu-queue"},
-    )
-    cluster.request("POST", draft_training_path(ns), body)
-    admit_like_kueue(cluster, ns, "llama-generate")
-    complete_stage(cluster, ns, "generate", ["llama-generate"])
-    admit_like_kueue(cluster, ns, "llama-train")
-    evicted = _ranks(cluster, ns, "llama-train")["1"]["metadata"]["name"]
+    evicted = start_two_rank_training(cluster, ns)["1"]["metadata"]["name"]
 
     # A node drain: the API server gives the pod DisruptionTarget and deletes it gracefully.
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": evicted, "namespace": ns}}
@@ -74,7 +50,7 @@ def test_an_evicted_rank_restarts_the_group_unspent_and_a_crashed_rank_spends_gr
 
     # A crash of the new group's rank 1 spends groupRestarts as before.
     admit_like_kueue(cluster, ns, "llama-train-r1")
-    crashed = _ranks(cluster, ns, "llama-train-r1")["1"]["metadata"]["name"]
+    crashed = trainer_ranks(cluster, ns, "llama-train-r1")["1"]["metadata"]["name"]
     cluster.fail_pod(ns, crashed, message="Traceback: ValueError: bad batch")
     record = _train_record_once(cluster, ns, ["llama-train-r2"])
     assert (record.get("disruptionRestarts"), record.get("groupRestarts")) == (1, 1), record

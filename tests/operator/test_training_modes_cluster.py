@@ -32,6 +32,7 @@ from tests.operator.harness import (
     jobs_of,
     prepare_training_volumes,
     stage_record,
+    start_two_rank_training,
     training_body,
     wait_for_phase,
     wait_for_stage_pods,
@@ -481,22 +482,9 @@ def test_a_failed_rank_restarts_the_whole_trainer_group(crds, manual_namespace, 
     timeout; the operator starts the whole group again in a new Job (every rank resumes from the last
     checkpoint on the shared workspace), which completes the training."""
     cluster, ns = crds, manual_namespace
-    prepare_training_volumes(cluster, ns)
     start_operator(ns)
-    body = training_body(
-        ns,
-        hiddenStates={"mode": "online", "layerIds": [1, 5, 9]},
-        training={"steps": 100, "checkpointEvery": 50, "nodes": 2, "gpusPerNode": 1, "groupRestarts": 1},
-        storage={"accessModes": ["ReadWriteMany"]},
-        scheduling={"queueName": "gpu-queue"},
-    )
-    cluster.request("POST", draft_training_path(ns), body)
-    admit_like_kueue(cluster, ns, "llama-generate")
-    complete_stage(cluster, ns, "generate", ["llama-generate"])
-    admit_like_kueue(cluster, ns, "llama-train")
-    pods = wait_for_stage_pods(cluster, ns, ["llama-train"])["llama-train"]
-    by_index = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
-    cluster.fail_pod(ns, by_index["1"]["metadata"]["name"], message="NCCL error: remote process exited")
+    ranks = start_two_rank_training(cluster, ns)
+    cluster.fail_pod(ns, ranks["1"]["metadata"]["name"], message="NCCL error: remote process exited")
 
     wait_until(
         lambda: "llama-train-r1" in jobs_of(cluster, ns, "llama"), timeout=120, what="the group's new Job"
