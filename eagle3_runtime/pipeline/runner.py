@@ -126,7 +126,9 @@ class PipelineRunner:
             target,
             log_path=self.logs_dir / "generate-vllm.log",
             served_model_name=spec.target.model,
-            extra_args=spec.target.vllm_stage_server_args,  # as the operator's target Deployment serves it
+            # The target's settings as its stage servers get them. Unlike the operator's target
+            # Deployment, no --revision: a Hugging Face target.revision is not served here yet.
+            extra_args=spec.target.vllm_stage_server_args,
             **settings,
         ) as server:
             self._stage(self.argv("generate", server=server.url))
