@@ -118,6 +118,9 @@ def pipeline_config(args: argparse.Namespace, evaluation: dict | None = None, cu
     spec["data"] |= {"numSamples": args.num_samples, "concurrency": args.generate_concurrency}
     spec["training"] |= {"steps": args.draft_steps, "checkpointEvery": args.checkpoint_every}
     spec["evaluation"] |= {"everyCheckpoints": args.evaluate_every, **(evaluation or {})}
+    # The preset runs eager so that tests start servers sooner; speed is measured as vLLM serves by
+    # default (compiled) unless asked.
+    spec["target"]["extraArgs"] = ["--enforce-eager"] if args.enforce_eager else []
     if customize:
         customize(spec, volumes)
     manifest_file = workspace / "drafttraining.yaml"
@@ -228,6 +231,9 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=210)
     parser.add_argument(
         "--evaluate-every", type=int, default=3, help="evaluate every N-th checkpoint (and the last)"
+    )
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="every vLLM server eager (default: compiled)"
     )
 
 

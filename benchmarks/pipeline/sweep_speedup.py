@@ -6,14 +6,16 @@ Runs the same pipeline as deep_target_speedup.py (24-layer target, its draft bud
 speculation) and `eagle3 export` records the schedule. Then the target is served the way a
 SpecDecodeDeployment with `numSpeculativeTokens: auto` serves it (the operator's planner renders
 the `--speculative-config`, with vLLM's `num_speculative_tokens_per_batch_size`) next to the target
-without speculation, and measured at every concurrency of the ladder, again in ABBA rounds.
+without speculation, and measured at every concurrency of the ladder, again in ABBA rounds; then
+against a server of the sweep's best static K at each concurrency, in the same kind of rounds, so
+that the second bar is one run's ratio.
 
 The bars (set by the issue "SpecDecodeDeployment that never loses"): at concurrency 1, auto >= 1.8x
 the no-speculation baseline; at every concurrency, auto >= 0.97x the better of no speculation and
 the best static K of the sweep.
 
     python benchmarks/pipeline/sweep_speedup.py --target DIR --workspace out/sweep \
-        [--max-speculative-tokens 5] [--concurrency 1 2 4 8 16] [--rounds 1]
+        [--max-speculative-tokens 5] [--concurrency 1 2 4 8 16] [--rounds 2] [--auto-rounds 4]
 
 It prints one JSON line and writes WORKSPACE/sweep_speedup.json (every round with its load average).
 """
@@ -21,6 +23,7 @@ It prints one JSON line and writes WORKSPACE/sweep_speedup.json (every round wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,7 +38,10 @@ def main() -> None:
     add_pipeline_arguments(parser)
     parser.add_argument("--max-speculative-tokens", type=int, default=5, help="Kmax of the sweep")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--rounds", type=int, default=1, help="ABBA pairs per K (and auto) and concurrency")
+    parser.add_argument("--rounds", type=int, default=2, help="the sweep's ABBA pairs per K and concurrency")
+    parser.add_argument(
+        "--auto-rounds", type=int, default=4, help="ABBA pairs of auto against each side, per concurrency"
+    )
     parser.add_argument(
         "--prompts-per-domain",
         type=int,
@@ -102,15 +108,41 @@ def main() -> None:
         served_model_name="target",
         max_model_len=sweep_config.max_model_len,
         speculative_config=auto_config,
+        extra_args=sweep_config.vllm_arg,
     )
+    # The sweep's best static K at each concurrency, which auto is then measured against directly.
+    best = {b["concurrency"]: b for b in sweep_record["best"]}
+    k_max = auto_config["num_speculative_tokens"]
+    auto_rounds = dataclasses.replace(sweep_config, rounds=args.auto_rounds)
     load_before = load_average()
+    against_static: dict[int, dict] = {}
     try:
         for server in (baseline, auto):
             server.start(wait=False)
         for server in (baseline, auto):
             server.wait_ready()
         urls = {CANDIDATE: auto.url, BASELINE: baseline.url}
-        measured = measure_ladder(sweep_config, auto_config["num_speculative_tokens"], urls, domains)
+        measured = measure_ladder(auto_rounds, k_max, urls, domains)
+        baseline.stop()
+        # One run's ratio to the best static K: auto and a static-K server in the same ABBA rounds,
+        # not two speedups from windows minutes apart.
+        # (K = 0, no speculation, is the baseline server's side.)
+        for k in sorted({b["num_speculative_tokens"] for b in best.values()} - {0}):
+            static = target_server(
+                sweep_config.evaluate_config(k),
+                f"sweep-speedup-static-k{k}-vllm",
+                exported,
+            )
+            try:
+                static.start()
+                ladder = dataclasses.replace(
+                    auto_rounds,
+                    concurrency=[c for c in args.concurrency if best[c]["num_speculative_tokens"] == k],
+                )
+                for m in measure_ladder(ladder, k_max, {CANDIDATE: auto.url, BASELINE: static.url}, domains):
+                    against_static[m["concurrency"]] = m
+            finally:
+                static.stop()
     finally:
         auto.stop()
         baseline.stop()
@@ -118,9 +150,10 @@ def main() -> None:
     rows = []
     for m in measured:
         c = m["concurrency"]
-        static = [s for s in sweep_record["measurements"] if s["concurrency"] == c]
-        best_static = max(static, key=lambda s: s["speedup"] or 0)
-        better = max(1.0, best_static["speedup"] or 0)  # no speculation is 1.0
+        static = against_static.get(c)
+        # Auto's ratio to the better side: to the best static K (their rounds against each other), or
+        # to no speculation where the sweep found every K slower than none (K = 0).
+        versus_better = static["speedup"] if static else m["speedup"]
         rows.append(
             {
                 "concurrency": c,
@@ -128,9 +161,11 @@ def main() -> None:
                 "auto_tokens_per_second": m["tokens_per_second"],
                 "baseline_tokens_per_second": m["baseline_tokens_per_second"],
                 "schedule_k": k_at(schedule, c),
-                "best_static_k": best_static["num_speculative_tokens"],
-                "best_static_speedup": best_static["speedup"],
-                "auto_vs_better_of_off_and_best_static": round(m["speedup"] / better, 3),
+                "best_static_k": best[c]["num_speculative_tokens"],
+                "best_static_speedup_in_sweep": best[c]["speedup"],
+                "auto_vs_best_static": static and static["speedup"],
+                "best_static_tokens_per_second": static and static["baseline_tokens_per_second"],
+                "auto_vs_better_of_off_and_best_static": versus_better,
                 "acceptance_length": m["acceptance_length"],
             }
         )
@@ -149,6 +184,7 @@ def main() -> None:
         "bars": bars,
         "sweep": sweep_record,
         "auto_measurements": measured,
+        "auto_against_best_static": [against_static[c] for c in sorted(against_static)],
         "load_average_before_auto": load_before,
         "pipeline": {**pipeline.metrics, "num_samples": args.num_samples, "draft_steps": args.draft_steps},
         "target": json.loads((args.target / "tiny_target.json").read_text()),
