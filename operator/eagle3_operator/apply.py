@@ -45,6 +45,26 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return patch
 
 
+# Fields the API server refuses to change once set, by kind: a child whose desired value differs is
+# deleted and created again (a Service made before the operator's servers went headless keeps its
+# ClusterIP otherwise, and every apply would be refused).
+IMMUTABLE: dict[str, tuple[tuple[str, ...], ...]] = {"Service": (("spec", "clusterIP"),)}
+
+
+def _field(obj: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for name in path:
+        obj = obj.get(name) if isinstance(obj, dict) else None
+    return obj
+
+
+def must_replace(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """True when `desired` sets an immutable field to another value than `live` has."""
+    return any(
+        _field(desired, path) is not None and _field(desired, path) != _field(live, path)
+        for path in IMMUTABLE.get(desired["kind"], ())
+    )
+
+
 def key(obj: dict[str, Any]) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
 
@@ -69,6 +89,12 @@ def apply_children(
         current = live.get(key(obj))
         # List items carry no apiVersion/kind; everything else we set must be there as we set it.
         wanted = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+        if current is not None and must_replace(current, obj):
+            log.info("replacing %s %s: an immutable field changes", *key(obj))
+            kube.delete(
+                obj["apiVersion"], obj["kind"], owner["metadata"]["namespace"], obj["metadata"]["name"]
+            )
+            current = None
         if current is None or not contains(current, wanted):
             writes.append((obj, "updating" if current else "creating", kube.apply))
     refused, written, deferred = [], [], 0

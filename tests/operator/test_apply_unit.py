@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eagle3_operator import apply
-from eagle3_operator.apply import contains, status_patch
+from eagle3_operator.apply import contains, must_replace, status_patch
 from eagle3_operator.kube import ApiError
 from eagle3_operator.reconcile.plan import Plan
 
@@ -74,3 +74,16 @@ def test_a_write_waits_while_the_api_server_has_not_discovered_the_owner_kind():
     refused, written, deferred = apply.apply_children(Refusing(), owner, Plan(create=children), {})
     assert deferred == 1 and written == []
     assert [(r.kind, r.message) for r in refused] == [("Service", quota.detail)]
+
+
+def test_only_a_change_of_an_immutable_field_replaces_a_child():
+    headless = {"kind": "Service", "spec": {"clusterIP": "None", "ports": [{"port": 8000}]}}
+    assert must_replace({"kind": "Service", "spec": {"clusterIP": "10.0.0.7"}}, headless)
+    assert not must_replace({"kind": "Service", "spec": {"clusterIP": "None"}}, headless)
+    # A Service that leaves the address to the API server keeps the one it has.
+    assert not must_replace(
+        {"kind": "Service", "spec": {"clusterIP": "10.0.0.7"}}, {"kind": "Service", "spec": {}}
+    )
+    assert not must_replace(
+        {"kind": "Deployment", "spec": {"clusterIP": "x"}}, {"kind": "Deployment", "spec": {}}
+    )

@@ -7,8 +7,12 @@ stores it (valid, owned, selecting the right pods), not by trying connections.
 
 from __future__ import annotations
 
-import pytest
+import time
 
+import pytest
+from eagle3_operator.reconcile.training_children import server_service
+
+from eagle3_api.draft_training import DraftTraining
 from tests.operator import fakes
 from tests.operator.harness import (
     complete_stage,
@@ -140,3 +144,36 @@ def test_a_finished_training_changes_target_only_through_a_restart(crds, manual_
         "matchLabels": {"eagle3.ai/spec-decode-deployment": "chat"}
     }
     assert serving_policy["spec"]["ingress"][1]["from"] == policy["allowedClients"]
+
+
+def test_a_target_service_made_with_a_cluster_ip_is_replaced_by_a_headless_one(
+    crds, manual_namespace, start_operator
+):
+    """Operators before the headless server Services gave the target a ClusterIP, which the API server
+    never lets change: the operator deletes that Service and creates it again, once."""
+    cluster, ns = crds, manual_namespace
+    prepare_training_volumes(cluster, ns)
+    created = cluster.request("POST", draft_training_path(ns), training_body(ns))
+    older = server_service(created, DraftTraining.model_validate(created), "target")
+    del older["spec"]["clusterIP"]
+    service_path = f"/api/v1/namespaces/{ns}/services/llama-target"
+    before = cluster.request("POST", f"/api/v1/namespaces/{ns}/services", older)
+    assert before["spec"]["clusterIP"] not in (None, "None")
+
+    start_operator(ns)
+
+    def headless() -> dict | None:
+        service = get(cluster, service_path)
+        return service if service and service["spec"]["clusterIP"] == "None" else None
+
+    after = wait_until(headless, timeout=30, interval=0.3, what="the target Service made headless")
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert after["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    assert after["spec"]["ports"][0]["port"] == 8000
+    # Replaced once: the headless Service is what the operator wants, so later passes leave it.
+    cluster.request("PATCH", draft_training_path(ns, "llama"), {"metadata": {"labels": {"touched": "1"}}})
+    time.sleep(3)
+    assert cluster.request("GET", service_path)["metadata"]["uid"] == after["metadata"]["uid"]
+    body = cluster.request("GET", draft_training_path(ns, "llama"))
+    reasons = [c.get("reason") for c in body["status"]["conditions"]]
+    assert "ApplyFailed" not in reasons, body["status"]["conditions"]

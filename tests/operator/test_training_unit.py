@@ -234,6 +234,10 @@ def test_streaming_runs_an_extraction_server_for_training_and_online_skips_extra
     assert container["resources"]["limits"] == {"amd.com/gpu": "1"}
     service = next(o for o in plan.sync if o["kind"] == "Service" and o["metadata"]["name"] == "llama-stream")
     assert [p["port"] for p in service["spec"]["ports"]] == [8000, 5600]
+    # Headless: reached at the pod's address, so each port is the container's own.
+    assert service["spec"]["clusterIP"] == "None"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert [ports[p["targetPort"]] for p in service["spec"]["ports"]] == [8000, 5600]
     assert fakes.condition(plan.status, "Trained")["reason"] == "WaitingForStreamServer"
     plan = cluster.reconcile()  # the server is ready: the trainer starts and reads from it
     train = next(o for o in plan.create if o["kind"] == "Job")

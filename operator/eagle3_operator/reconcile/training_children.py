@@ -190,10 +190,13 @@ def _server_deployment(
 
 def server_service(body: dict[str, Any], dt: DraftTraining, server: str) -> dict[str, Any]:
     selector = meta.selector_labels(dt.metadata["name"], server, meta.DRAFT_TRAINING_LABEL)
+    # Headless: one server behind the name, reached by DNS at its pod's address (the ports are the
+    # container's). No virtual IP to allocate, which is a write less per DraftTraining.
     svc = service(
         meta.object_meta(body, server_name(dt, server), _labels(dt, server)),
         selector,
         VLLM_PORT,
+        clusterIP="None",
     )
     if server == "stream":
         svc["spec"]["ports"].append(
