@@ -448,10 +448,12 @@ def _check_trainer_reaches_the_stream_server_on_the_real_node(
 ) -> None:
     """The operator's stream server Deployment and Service and its train Job on the real node: the
     server becomes Ready through its own probes and the trainer reaches both of its ports through
-    the Service's name."""
+    the Service's name (headless: DNS answers with the pod's address)."""
     _fresh_claim(cluster, ns, "llama-workspace")
     cluster.request(
-        "POST", f"/api/v1/namespaces/{ns}/services", _real_node_service(service, ("selector", "ports"))
+        "POST",
+        f"/api/v1/namespaces/{ns}/services",
+        _real_node_service(service, ("clusterIP", "selector", "ports")),
     )
     server_command = fakes.command(stream)
     port, stream_port = fakes.flag(server_command, "--port"), fakes.flag(server_command, "--stream-port")
