@@ -26,9 +26,11 @@ tests/chart/test_install.py runs the real operator with exactly these rights.
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
+# A Service is deleted only to be made again where a field it must change is immutable (the
+# target's, made with a ClusterIP before the servers went headless).
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, list, watch, create]
