@@ -180,6 +180,13 @@ class TargetSpec(ApiModel):
         return [*self._vllm_parallel_args, *revision, *self._vllm_quantization_args]
 
     @property
+    def vllm_server_args(self) -> list[str]:
+        """What a server of the target adds to its model, address, name and context length: the target
+        as it is served (the operator's target Deployment, the local pipeline's generate server)."""
+        revision = ["--revision", self.revision] if self.revision else []
+        return [*revision, *self.vllm_stage_server_args]
+
+    @property
     def vllm_stage_server_args(self) -> list[str]:
         """What the vLLM servers a stage starts on the target (extract, evaluate, sweep) add to its model,
         address, name and context length, so that a draft is measured on the target as it is served.

@@ -118,24 +118,25 @@ class PipelineRunner:
         if (self.workspace.data_dir / "manifest.json").exists():
             self._stage(self.argv("generate", server="http://unused"))  # complete: no server needed
             return
-        # Served under the name the operator's target Deployment uses (`target.model`), so the
-        # command is the same.
-        settings = {"max_model_len": spec.target.max_model_len} if spec.target.max_model_len else {}
-        target = self.locations.model(spec.target.model, "target")
-        with VLLMServer(
-            target,
-            log_path=self.logs_dir / "generate-vllm.log",
-            served_model_name=spec.target.model,
-            # The target's settings as its stage servers get them. Unlike the operator's target
-            # Deployment, no --revision: a Hugging Face target.revision is not served here yet.
-            extra_args=spec.target.vllm_stage_server_args,
-            **settings,
-        ) as server:
+        with self.target_server() as server:
             self._stage(self.argv("generate", server=server.url))
             # The same server without speculation gives evaluate its baseline: one vLLM start fewer.
             argv = self.argv("evaluate", step=0)
             evaluation = config_from_args(EvaluateConfig, cli.build_parser(argv).parse_args(argv))
             measure_baseline(evaluation, server.url, spec.target.model)
+
+    def target_server(self) -> VLLMServer:
+        """The target's server for generate, as the operator's target Deployment serves it: under the
+        name `target.model` (so the generate command is the same) with the target's settings."""
+        spec = self.training.spec
+        settings = {"max_model_len": spec.target.max_model_len} if spec.target.max_model_len else {}
+        return VLLMServer(
+            self.locations.model(spec.target.model, "target"),
+            log_path=self.logs_dir / "generate-vllm.log",
+            served_model_name=spec.target.model,
+            extra_args=spec.target.vllm_server_args,
+            **settings,
+        )
 
     def train(self) -> None:
         spec = self.training.spec

@@ -195,13 +195,10 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
         str(VLLM_PORT),
         "--served-model-name",
         served_model_name,
-        *target.vllm_model_args,
     ]
     if target.max_model_len:
         args += ["--max-model-len", str(target.max_model_len)]
-    if target.attention_backend:
-        args += ["--attention-backend", target.attention_backend]
-    return args + list(target.extra_args)
+    return args + target.vllm_server_args
 
 
 def vllm_env(target: TargetSpec) -> list[dict[str, Any]]:

@@ -164,3 +164,29 @@ def test_a_bare_spec_is_named_after_its_file(tmp_path, volumes):
     assert _flag(PipelineRunner(config, tmp_path / "ws").argv("export"), "--output") == str(
         (tmp_path / "drafts" / "my-draft").resolve()
     )
+
+
+def test_the_generate_server_serves_the_target_as_the_operators_deployment_does(tmp_path, volumes):
+    """Same revision, parallelism, quantization, attention backend and extra arguments as the
+    target Deployment's `vllm serve`, under the same served name."""
+    from eagle3_operator.reconcile.pods import vllm_args
+
+    from eagle3_api.draft_training import DraftTraining
+
+    manifest = yaml.safe_load(yaml.safe_dump(MANIFEST))
+    manifest["spec"]["target"] |= {
+        "revision": "0123abc",
+        "tensorParallelSize": 2,
+        "quantization": "fp8",
+        "attentionBackend": "TRITON_ATTN",
+        "extraArgs": ["--enforce-eager"],
+    }
+    command = _runner(tmp_path, volumes, manifest).target_server().command
+    target = DraftTraining.model_validate(manifest).spec.target
+    deployment = vllm_args(target, "/models/tiny", "pvc://models/tiny")
+    served = command[command.index("--served-model-name") :]
+    for flag in ("--served-model-name", "--max-model-len", "--revision", "--tensor-parallel-size",
+                 "--quantization", "--attention-backend"):  # fmt: skip
+        assert _flag(served, flag) == _flag(deployment, flag), flag
+    assert _flag(command, "--revision") == "0123abc"
+    assert command[-1] == deployment[-1] == "--enforce-eager", "the user's arguments come last and win"
