@@ -13,7 +13,7 @@ emits that token most, so the stable track accepts plenty. Then, with `rollout.s
 
 A client in a pod on the real node (ClusterIPs are reachable only from pods) sends completions
 through the Service's ClusterIP, one new connection each, from before the first rollout to after
-the promotion; none may fail.
+the promotion and the deletion of a serving pod after it; none may fail.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.monitoring.constant_draft import build_constant_draft, greedy_outputs
-from tests.operator.harness import condition, events_of, spec_decode_path
+from tests.operator.harness import condition, events_of, get, spec_decode_path
 from tests.operator.test_serving_realnode import SPEC_TOKENS
 from tests.operator.test_serving_realnode import manifest as serving_manifest
 from tests.support import realnode
@@ -204,6 +204,37 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
             interval=1,
             what="answers after the promotion",
         )
+
+        # A serving pod deleted as a drain or `kubectl delete pod` deletes it, once the promoted track's
+        # two pods serve: it leaves the Service's endpoints while it still serves (preStop), so the
+        # client's requests go to the other one. (Deleting the only ready pod fails requests: seen.)
+        wait_until(
+            lambda: _rolled_out(cluster, ns),
+            timeout=VLLM_START_TIMEOUT_S,
+            interval=2,
+            what="2 promoted pods ready",
+        )
+        serving = f"/api/v1/namespaces/{ns}/pods?labelSelector=eagle3.ai/spec-decode-deployment={SDD}"
+        victim = next(
+            p["metadata"]["name"]
+            for p in cluster.request("GET", serving)["items"]
+            if not p["metadata"].get("deletionTimestamp")
+        )
+        answered_before = _results(cluster, ns)[0]
+        cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim}")
+        wait_until(
+            lambda: get(cluster, f"/api/v1/namespaces/{ns}/pods/{victim}") is None,
+            timeout=120,
+            interval=1,
+            what=f"the deleted pod {victim} gone",
+        )
+        wait_until(
+            lambda: _results(cluster, ns)[0] >= answered_before + 3,
+            timeout=120,
+            interval=1,
+            what="answers after a serving pod was deleted",
+        )
+        print(f"serving pod {victim} deleted: {_results(cluster, ns)[0] - answered_before} answers since")
     except BaseException:
         _print_diagnosis(cluster, ns)
         raise
@@ -237,6 +268,16 @@ def _results(cluster, namespace: str) -> tuple[int, list[str]]:
 def _ready_replicas(cluster, namespace: str) -> int:
     return (
         cluster.request("GET", spec_decode_path(namespace, SDD)).get("status", {}).get("readyReplicas") or 0
+    )
+
+
+def _rolled_out(cluster, namespace: str) -> bool:
+    """The stable Deployment's rollout is complete: its 2 pods are of the current template and ready."""
+    deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{SDD}")
+    status = deployment.get("status") or {}
+    return status.get("observedGeneration") == deployment["metadata"]["generation"] and all(
+        status.get(field) == 2
+        for field in ("replicas", "updatedReplicas", "readyReplicas", "availableReplicas")
     )
 
 
