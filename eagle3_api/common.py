@@ -181,18 +181,26 @@ class TargetSpec(ApiModel):
 
     @property
     def vllm_server_args(self) -> list[str]:
-        """What a server of the target adds to its model, address, name and context length: the target
-        as it is served (the operator's target Deployment, the local pipeline's generate server)."""
-        revision = ["--revision", self.revision] if self.revision else []
-        return [*revision, *self.vllm_stage_server_args]
+        """What the local pipeline's generate server adds to its model, address, name and context
+        length: the flags of the operator's target Deployment (reconcile/pods.vllm_args, which keeps
+        its own order so that an upgrade does not roll its pods)."""
+        return [*self.vllm_model_args, *self._vllm_backend_args, *self.extra_args]
 
     @property
     def vllm_stage_server_args(self) -> list[str]:
         """What the vLLM servers a stage starts on the target (extract, evaluate, sweep) add to its model,
         address, name and context length, so that a draft is measured on the target as it is served.
         No --revision: those stages pin the revision themselves (--target-revision)."""
-        backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []
-        return [*self._vllm_parallel_args, *self._vllm_quantization_args, *backend, *self.extra_args]
+        return [
+            *self._vllm_parallel_args,
+            *self._vllm_quantization_args,
+            *self._vllm_backend_args,
+            *self.extra_args,
+        ]
+
+    @property
+    def _vllm_backend_args(self) -> list[str]:
+        return ["--attention-backend", self.attention_backend] if self.attention_backend else []
 
     @property
     def _vllm_parallel_args(self) -> list[str]:

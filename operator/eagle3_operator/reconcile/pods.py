@@ -195,10 +195,13 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
         str(VLLM_PORT),
         "--served-model-name",
         served_model_name,
+        *target.vllm_model_args,
     ]
     if target.max_model_len:
         args += ["--max-model-len", str(target.max_model_len)]
-    return args + target.vllm_server_args
+    if target.attention_backend:
+        args += ["--attention-backend", target.attention_backend]
+    return args + list(target.extra_args)
 
 
 def vllm_env(target: TargetSpec) -> list[dict[str, Any]]:
