@@ -170,8 +170,18 @@ def test_from_draft_training_rolls_the_draft_in_and_keeps_it(crds, manual_namesp
     assert (
         rolled["spec"]["template"]["metadata"]["annotations"]["eagle3.ai/draft-export"] == fakes.EXPORT_DIGEST
     )
-    body = cluster.request("GET", spec_decode_path(ns, "chat"))
-    assert condition(body, "DraftResolved")["status"] == "True"
+    # The status is written after the Deployment in the same reconcile: wait for it, do not race it.
+    body = wait_until(
+        lambda: (
+            condition(b := cluster.request("GET", spec_decode_path(ns, "chat")), "DraftResolved").get(
+                "status"
+            )
+            == "True"
+            and b
+        ),
+        timeout=30,
+        what="DraftResolved True",
+    )
     pinned = {
         "model": f"/models/draft/{export}",
         "uri": f"pvc://llama-workspace/{export}",
