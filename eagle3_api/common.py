@@ -184,7 +184,7 @@ class TargetSpec(ApiModel):
         """What the local pipeline's generate server adds to its model, address, name and context
         length: the flags of the operator's target Deployment (reconcile/pods.vllm_args, which keeps
         its own order so that an upgrade does not roll its pods)."""
-        return [*self.vllm_model_args, *self._vllm_backend_args, *self.extra_args]
+        return [*self.vllm_model_args, *self.vllm_backend_args, *self.extra_args]
 
     @property
     def vllm_stage_server_args(self) -> list[str]:
@@ -194,12 +194,13 @@ class TargetSpec(ApiModel):
         return [
             *self._vllm_parallel_args,
             *self._vllm_quantization_args,
-            *self._vllm_backend_args,
+            *self.vllm_backend_args,
             *self.extra_args,
         ]
 
     @property
-    def _vllm_backend_args(self) -> list[str]:
+    def vllm_backend_args(self) -> list[str]:
+        """The attention backend the user set, as vLLM's flag (none: vLLM picks)."""
         return ["--attention-backend", self.attention_backend] if self.attention_backend else []
 
     @property

@@ -199,9 +199,7 @@ def vllm_args(target: TargetSpec, model: str, served_model_name: str) -> list[st
     ]
     if target.max_model_len:
         args += ["--max-model-len", str(target.max_model_len)]
-    if target.attention_backend:
-        args += ["--attention-backend", target.attention_backend]
-    return args + list(target.extra_args)
+    return args + target.vllm_backend_args + list(target.extra_args)
 
 
 def vllm_env(target: TargetSpec) -> list[dict[str, Any]]:
