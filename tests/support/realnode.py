@@ -86,11 +86,14 @@ REAL_NODE_TAINT = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedul
 # the machine's shared memory is kept small. And no OpenMP binding: vLLM's CPU build binds its worker
 # to one core of the node's two ("auto" reserves the other), so every such pod piles onto core 0,
 # where a starting server's worker got 0.6 s of CPU in 12 min beside a busy one (a canary that
-# never came up); unbound, the kernel spreads them over both cores. (The end-to-end DraftTraining's
-# pods run one at a time and keep vLLM's default.)
+# never came up); unbound, the kernel spreads them over both cores. With nothing to bind, the worker
+# runs inside the engine process (as for the tests' local servers, tests/conftest.py): one import of
+# vLLM and torch fewer per start. (The end-to-end DraftTraining's pods run one at a time and keep
+# vLLM's defaults.)
 VLLM_CPU_ENV = [
     {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
     {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"},
+    {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"},
 ]
 REAL_NODE_TOLERATIONS = [
     {"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
