@@ -305,7 +305,8 @@ class TrainingSpec(ApiModel):
 
 class SweepSpec(ApiModel):
     """`eagle3 sweep` of the selected checkpoint: tokens/s at K = 0 (off) .. Kmax over a ladder of
-    concurrencies, against the target without speculation; the best K per concurrency becomes the
+    concurrencies, against the target without speculation; the K per concurrency, chosen on speedups
+    smoothed over neighbouring concurrencies and never growing with the concurrency, becomes the
     draft's speculation schedule (status.sweep, its eagle3-export.json)."""
 
     max_speculative_tokens: Annotated[int, Field(ge=1, le=16)] = Field(
@@ -566,7 +567,11 @@ class SweepResult(ApiModel):
         description="vLLM num_speculative_tokens_per_batch_size: [first batch size, last batch size, K]."
     )
     num_speculative_tokens: int = Field(description="The schedule's largest K (what vLLM caps it at).")
-    best: list[SweepPoint] = Field(default_factory=list, description="The best K per concurrency.")
+    best: list[SweepPoint] = Field(
+        default_factory=list,
+        description="The fastest K measured at each concurrency (the schedule smooths these over neighbouring "
+        "concurrencies).",
+    )
 
 
 class DraftTrainingStatus(ApiModel):

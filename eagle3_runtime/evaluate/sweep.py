@@ -1,11 +1,12 @@
 """The sweep: output tokens/s of a draft at every K in 0 (off) .. Kmax over a ladder of
-concurrencies, on the target's own hardware, and the best K per concurrency as a schedule.
+concurrencies, on the target's own hardware, and from them a schedule of K per batch size.
 
 The no-speculation server stays up for the whole sweep; the draft is served at one K at a time
 next to it. At each concurrency the two alternate in evaluate's ABBA rounds (`rounds`), so every
 K is compared with baseline rounds measured right beside its own. K = 0 is the baseline itself,
-so the best K of a concurrency is 0 when no K beats it. The schedule (`sweep_schedule`) is vLLM's
-`num_speculative_tokens_per_batch_size`; the result JSON keeps every round.
+so the best K of a concurrency is 0 when no K beats it. The schedule (`sweep_schedule`, vLLM's
+`num_speculative_tokens_per_batch_size`) takes the K of each concurrency from speedups smoothed
+over its neighbours on the ladder (`scheduled_per_concurrency`); the result JSON keeps every round.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def measure_ladder(config: SweepConfig, k: int, urls: dict[str, str], domains: d
 
 def best_per_concurrency(measurements: list[dict]) -> list[dict]:
     """At each concurrency, the K with the highest tokens/s relative to its own baseline rounds
-    (K = 0, speedup 1.0, when none is faster)."""
+    (K = 0, speedup 1.0, when none is faster): what one concurrency's windows measured."""
     best = []
     for concurrency in sorted({m["concurrency"] for m in measurements}):
         at_c = [m for m in measurements if m["concurrency"] == concurrency and m["speedup"] is not None]
@@ -147,13 +148,81 @@ def best_per_concurrency(measurements: list[dict]) -> list[dict]:
     return best
 
 
+# The scheduled K's score at a concurrency weighs its own speedup twice and each neighbour's on the
+# ladder once (ladders are geometric, so neighbours are a factor of about 2 away in batch size).
+NEIGHBOUR_WEIGHTS = (1.0, 2.0, 1.0)
+SCHEDULE_RULE = (
+    "at each concurrency, the K (0 = off, speedup 1) with the highest speedup averaged with weights "
+    "1-2-1 over the concurrency and its neighbours on the ladder, no larger than the K of the "
+    "concurrency below; a smaller K on a tie"
+)
+
+
+def scheduled_per_concurrency(measurements: list[dict]) -> list[dict]:
+    """The K the schedule uses at each concurrency: the best on speedups smoothed over neighbouring
+    concurrencies, never growing with the concurrency (SCHEDULE_RULE).
+
+    Each K's cost and acceptance change slowly with the batch size, while one window's tokens/s on
+    a shared machine moves by up to a quarter: one concurrency's argmax (`best_per_concurrency`)
+    flips between K's that are equal within that noise (3, 5, 3 at 4, 8, 16 in the deep target's
+    sweep). Borrowing the neighbours' windows cuts the variance of a score to 6/16 of one row's.
+    Acceptance does not depend on the batch while verifying K more tokens per request costs more
+    as the batch grows, so a larger batch never gets a larger K than a smaller one. A K that a
+    concurrency did not measure (or whose speedup is unknown) is not chosen there.
+    """
+    ladder = sorted({m["concurrency"] for m in measurements})
+    speedups = {
+        (m["concurrency"], m["num_speculative_tokens"]): m["speedup"]
+        for m in measurements
+        if m["speedup"] is not None
+    }
+    ks = sorted({k for _, k in speedups})
+    scheduled, ceiling = [], max(ks, default=0)
+    for i, concurrency in enumerate(ladder):
+        around = [
+            (ladder[j], w)
+            for j, w in zip(range(i - 1, i + 2), NEIGHBOUR_WEIGHTS, strict=True)
+            if 0 <= j < len(ladder)
+        ]
+        scores = {0: 1.0}
+        for k in ks:
+            if k > ceiling or (concurrency, k) not in speedups:
+                continue
+            weighted = [(speedups[(c, k)], w) for c, w in around if (c, k) in speedups]
+            scores[k] = sum(s * w for s, w in weighted) / sum(w for _, w in weighted)
+        k = ceiling = max(
+            sorted(scores), key=lambda k: scores[k]
+        )  # max keeps the first (smallest) K of a tie
+        scheduled.append(
+            {"concurrency": concurrency, "num_speculative_tokens": k, "smoothed_speedup": round(scores[k], 4)}
+        )
+    return scheduled
+
+
+def decide(measurements: list[dict]) -> dict:
+    """What the measurements decide: the best K per concurrency as measured, the K the schedule
+    uses there, and the schedule (recomputed from kept measurements when the rule changes)."""
+    scheduled = scheduled_per_concurrency(measurements)
+    schedule = schedule_from_best({s["concurrency"]: s["num_speculative_tokens"] for s in scheduled})
+    return {
+        "best": best_per_concurrency(measurements),
+        "scheduled": scheduled,
+        "schedule_rule": SCHEDULE_RULE,
+        # vLLM's --speculative-config keys that apply the schedule.
+        "schedule": schedule,
+        "num_speculative_tokens": max_k(schedule),
+    }
+
+
 def run_sweep(config: SweepConfig) -> dict:
     """The sweep record of the draft (measured now, or read back when it was measured before)."""
     workspace = Workspace(config.workspace)
     draft, served = _draft(config)
     output = sweep_file(workspace, draft.name)
     if output.exists():
-        return json.loads(output.read_text())
+        # The measurements are what is kept; the decision follows the rule of this version.
+        record = json.loads(output.read_text())
+        return record | decide(record["measurements"])
     domains = prompt_domains(config.prompts, config.prompts_per_domain)
     # A domain's prompts run together (rounds go domain by domain), so a domain with fewer prompts
     # than a concurrency never reaches that batch size: its K would be measured at a smaller one.
@@ -186,8 +255,6 @@ def run_sweep(config: SweepConfig) -> dict:
             urls = {CANDIDATE: servers[k].url, BASELINE: servers[0].url}
             measurements += measure_ladder(config, k, urls, domains)
             servers[k].stop()
-    best = best_per_concurrency(measurements)
-    schedule = schedule_from_best({b["concurrency"]: b["num_speculative_tokens"] for b in best})
     record = {
         "checkpoint": str(draft),
         "served_draft": str(served),
@@ -201,10 +268,7 @@ def run_sweep(config: SweepConfig) -> dict:
             "temperature": 0.0,
         },
         "measurements": measurements,
-        "best": best,
-        # vLLM's --speculative-config keys that apply the schedule.
-        "schedule": schedule,
-        "num_speculative_tokens": max_k(schedule),
+        **decide(measurements),
         "file": str(output.relative_to(workspace.root)),
     }
     write_json_atomic(output, record)

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> StageResult:
     best = ", ".join(f"c={b['concurrency']}: K={b['num_speculative_tokens']}" for b in sweep["best"])
     return StageResult(
         stage="sweep",
-        message=f"best K per concurrency {best}; schedule {sweep['schedule']}",
+        message=f"best K measured per concurrency {best}; schedule {sweep['schedule']}",
         metrics={
             "schedule": sweep["schedule"],
             "num_speculative_tokens": sweep["num_speculative_tokens"],
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> StageResult:
             "best_concurrency": [b["concurrency"] for b in sweep["best"]],
             "best_k": [b["num_speculative_tokens"] for b in sweep["best"]],
             "best_speedup": [b["speedup"] for b in sweep["best"]],
+            "scheduled_k": [s["num_speculative_tokens"] for s in sweep["scheduled"]],
         },
         artifacts={"sweep": sweep["file"]},
     )

@@ -16,6 +16,7 @@ from eagle3_api.sweep_schedule import k_at, validate_schedule
 from eagle3_runtime.cli import build_parser
 from eagle3_runtime.evaluate.counters import parse_spec_counters
 from eagle3_runtime.evaluate.rounds import BASELINE, CANDIDATE, abba_order
+from eagle3_runtime.evaluate.sweep import scheduled_per_concurrency
 from eagle3_runtime.pipeline.prompts import write_prompt_sets
 from eagle3_runtime.stages import sweep
 from eagle3_runtime.vllm_server import log_tail
@@ -63,8 +64,9 @@ def test_sweep_measures_every_k_against_the_baseline_beside_it(swept):
         expected = fastest["num_speculative_tokens"] if fastest["speedup"] > 1.0 else 0
         assert best["num_speculative_tokens"] == expected, (best, at_c)
     schedule = validate_schedule(record["schedule"])
-    assert [k_at(schedule, b["concurrency"]) for b in record["best"]] == [
-        b["num_speculative_tokens"] for b in record["best"]
+    assert record["scheduled"] == scheduled_per_concurrency(record["measurements"])
+    assert [k_at(schedule, s["concurrency"]) for s in record["scheduled"]] == [
+        s["num_speculative_tokens"] for s in record["scheduled"]
     ]
     assert record["num_speculative_tokens"] == max(1, *(k for _, _, k in schedule))
     assert result.metrics["schedule"] == record["schedule"]
