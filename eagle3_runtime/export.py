@@ -154,15 +154,27 @@ def copy_draft_dir(source: Path, out: Path, *, dtype: torch.dtype = torch.bfloat
     return out
 
 
-def draft_digest(directory: Path) -> str:
-    """sha256 over every file of a draft directory (names and contents, the manifest left out)."""
+# The one manifest field that changes how a draft is served (SpecDecodeDeployments with
+# numSpeculativeTokens: auto read it), so a new schedule for the same weights is a new version.
+SERVED_MANIFEST_FIELDS = ("speculation_schedule",)
+
+
+def draft_digest(directory: Path, manifest: dict[str, Any] | None = None) -> str:
+    """sha256 over every file of a draft directory (names and contents) and the manifest's served
+    fields; `manifest` defaults to the directory's own (a published draft's)."""
+    directory = Path(directory)
+    if manifest is None and (directory / EXPORT_MANIFEST).exists():
+        manifest = json.loads((directory / EXPORT_MANIFEST).read_text())
     outer = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name != EXPORT_MANIFEST):
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != EXPORT_MANIFEST):
         inner = hashlib.sha256()
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 inner.update(block)
         outer.update(f"{path.relative_to(directory).as_posix()}\0{inner.hexdigest()}\n".encode())
+    for field in SERVED_MANIFEST_FIELDS:
+        if (manifest or {}).get(field) is not None:
+            outer.update(f"{EXPORT_MANIFEST}:{field}\0{json.dumps(manifest[field])}\n".encode())
     return f"sha256:{outer.hexdigest()}"
 
 
@@ -174,11 +186,12 @@ def staging_dir(destination: Path) -> Path:
 def publish_draft(staged: Path, destination: Path, record: dict[str, Any]) -> tuple[Path, str]:
     """Move a written draft to `destination/<version>` named by its digest; point `latest` at it.
 
-    An export with the same content is already there under the same name: it is kept as it is and
-    the staged copy dropped, so a published draft never changes under the pods that serve it.
+    An export with the same content (files and served manifest fields) is already there under the
+    same name: it is kept as it is and the staged copy dropped, so a published draft never changes
+    under the pods that serve it.
     Returns the versioned directory and the digest.
     """
-    digest = draft_digest(staged)
+    digest = draft_digest(staged, record)
     version = Path(destination) / export_version(digest)
     if version.exists():
         shutil.rmtree(staged)

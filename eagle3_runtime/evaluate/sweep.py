@@ -220,9 +220,13 @@ def run_sweep(config: SweepConfig) -> dict:
     draft, served = _draft(config)
     output = sweep_file(workspace, draft.name)
     if output.exists():
-        # The measurements are what is kept; the decision follows the rule of this version.
-        record = json.loads(output.read_text())
-        return record | decide(record["measurements"])
+        # The measurements are what is kept; the decision follows the rule of this version, and the
+        # file says what was decided last (export reads its schedule).
+        kept = json.loads(output.read_text())
+        record = kept | decide(kept["measurements"])
+        if record != kept:
+            write_json_atomic(output, record)
+        return record
     domains = prompt_domains(config.prompts, config.prompts_per_domain)
     # A domain's prompts run together (rounds go domain by domain), so a domain with fewer prompts
     # than a concurrency never reaches that batch size: its K would be measured at a smaller one.

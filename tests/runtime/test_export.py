@@ -8,8 +8,11 @@ from safetensors.torch import load_file
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
 from eagle3_api.workspace import LATEST_EXPORT, Workspace, export_version
+from eagle3_runtime.cli import build_parser
 from eagle3_runtime.cli import main as eagle3
+from eagle3_runtime.evaluate.sweep import sweep_file
 from eagle3_runtime.export import EXPORT_MANIFEST, draft_digest, write_eagle3_dir
+from eagle3_runtime.stages import sweep as sweep_stage
 from eagle3_runtime.train.checkpoint import write_checkpoint
 from tests.runtime.model.test_model import tiny_draft
 
@@ -153,3 +156,60 @@ def test_an_export_is_published_under_its_digest_and_never_overwritten(tmp_path)
     assert sorted(p.name for p in workspace.export_dir.iterdir()) == sorted(
         [first.name, second.name, LATEST_EXPORT]
     ), "no staging directory is left behind"
+
+
+def test_a_new_schedule_for_the_same_weights_is_a_new_version_and_the_kept_sweep_is_decided_again(tmp_path):
+    """A sweep record kept from an older rule (the deep target's argmax schedule) is decided again by
+    `eagle3 sweep` (no server starts: the measurements are kept) and written back; export then
+    publishes the same weights with the new schedule under a new digest, the old version untouched."""
+    workspace = _workspace_with_checkpoint(tmp_path, step=4)
+    speedups = {1: (2.019, 1.834), 2: (2.016, 2.136), 4: (1.885, 1.729), 8: (1.738, 1.811)}
+    measurements = [
+        {"num_speculative_tokens": k, "concurrency": c, "speedup": s}
+        for c, row in speedups.items()
+        for k, s in zip((4, 5), row, strict=True)
+    ]
+    argmax_schedule = [[1, 1, 4], [2, 5, 5], [6, 8, 5]]  # what an argmax per concurrency made: K 4, 5, 4, 5
+    kept = sweep_file(workspace, "step-00000004")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(
+        json.dumps(
+            {
+                "measurements": measurements,
+                "schedule": argmax_schedule,
+                "file": str(kept.relative_to(workspace.root)),
+            }
+        )
+    )
+
+    def export() -> tuple[Path, str]:
+        result = tmp_path / "result.json"
+        argv = [
+            "export",
+            "--workspace",
+            str(workspace.root),
+            "--checkpoint",
+            "step-4",
+            "--result-file",
+            str(result),
+        ]
+        assert eagle3(argv) == 0
+        published = json.loads(result.read_text())
+        return Path(published["artifacts"]["path"]), published["metrics"]["digest"]
+
+    old, old_digest = export()
+    assert json.loads((old / EXPORT_MANIFEST).read_text())["speculation_schedule"] == argmax_schedule
+
+    argv = ["sweep", "--workspace", str(workspace.root), "--target", "unused", "--checkpoint", "step-4",
+            "--prompts", f"{tmp_path / 'unused.jsonl'},mode=completion", "--concurrency", "1"]  # fmt: skip
+    (tmp_path / "unused.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
+    result = sweep_stage.run(build_parser(argv).parse_args(argv))
+    assert result.metrics["schedule"] == [[1, 8, 4]]  # smoothed: K = 4 at every concurrency
+    assert json.loads(kept.read_text())["schedule"] == [[1, 8, 4]], "the kept record says what was decided"
+
+    new, new_digest = export()
+    assert new_digest != old_digest and new != old
+    assert json.loads((new / EXPORT_MANIFEST).read_text())["speculation_schedule"] == [[1, 8, 4]]
+    assert json.loads((old / EXPORT_MANIFEST).read_text())["speculation_schedule"] == argmax_schedule
+    assert (new / "model.safetensors").read_bytes() == (old / "model.safetensors").read_bytes()
+    assert draft_digest(new) == new_digest and draft_digest(old) == old_digest
