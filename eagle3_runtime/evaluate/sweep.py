@@ -190,9 +190,8 @@ def scheduled_per_concurrency(measurements: list[dict]) -> list[dict]:
                 continue
             weighted = [(speedups[(c, k)], w) for c, w in around if (c, k) in speedups]
             scores[k] = sum(s * w for s, w in weighted) / sum(w for _, w in weighted)
-        k = ceiling = max(
-            sorted(scores), key=lambda k: scores[k]
-        )  # max keeps the first (smallest) K of a tie
+        # max keeps the first of equal scores: the smallest K of a tie.
+        k = ceiling = max(sorted(scores), key=lambda k: scores[k])
         scheduled.append(
             {"concurrency": concurrency, "num_speculative_tokens": k, "smoothed_speedup": round(scores[k], 4)}
         )
