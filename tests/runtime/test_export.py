@@ -120,6 +120,14 @@ def test_export_checkpoint_choice_and_errors(tmp_path):
     assert eagle3(["export", "--workspace", str(workspace.root), "--checkpoint", "step-9"]) == 1
 
 
+def _export(workspace: Workspace, step: int, result: Path) -> tuple[Path, str]:
+    """`eagle3 export` of checkpoint `step`: the published directory and its digest, from the result."""
+    argv = ["export", "--workspace", str(workspace.root), "--checkpoint", f"step-{step}"]
+    assert eagle3([*argv, "--result-file", str(result)]) == 0
+    published = json.loads(result.read_text())
+    return Path(published["artifacts"]["path"]), published["metrics"]["digest"]
+
+
 def test_an_export_is_published_under_its_digest_and_never_overwritten(tmp_path):
     workspace = _workspace_with_checkpoint(tmp_path, step=4)
     draft = tiny_draft(draft_vocab_size=20, seed=1)
@@ -132,26 +140,22 @@ def test_an_export_is_published_under_its_digest_and_never_overwritten(tmp_path)
         manifest={"target": str(tmp_path / "target-model")},
     )
 
-    def export(step: int) -> tuple[Path, str]:
-        result = tmp_path / "result.json"
-        argv = ["export", "--workspace", str(workspace.root), "--checkpoint", f"step-{step}"]
-        assert eagle3([*argv, "--result-file", str(result)]) == 0
-        published = json.loads(result.read_text())
-        return Path(published["artifacts"]["path"]), published["metrics"]["digest"]
-
-    first, first_digest = export(4)
+    result = tmp_path / "result.json"
+    first, first_digest = _export(workspace, 4, result)
     first_weights = (first / "model.safetensors").read_bytes()
     manifest = json.loads((first / EXPORT_MANIFEST).read_text())
     assert manifest == {"digest": first_digest, "format": "eagle3", "checkpoint_step": 4}
     assert draft_digest(first) == first_digest  # what is on disk is what the digest names
     assert workspace.latest_export_dir.resolve() == first.resolve()
 
-    second, second_digest = export(8)
+    second, second_digest = _export(workspace, 8, result)
     assert second_digest != first_digest and second.name == export_version(second_digest)
     assert (first / "model.safetensors").read_bytes() == first_weights, "the first export was overwritten"
     assert workspace.latest_export_dir.resolve() == second.resolve()
 
-    again, again_digest = export(4)  # the same content: the published directory, untouched
+    again, again_digest = _export(
+        workspace, 4, result
+    )  # the same content: the published directory, untouched
     assert (again, again_digest) == (first, first_digest)
     assert sorted(p.name for p in workspace.export_dir.iterdir()) == sorted(
         [first.name, second.name, LATEST_EXPORT]
@@ -182,22 +186,8 @@ def test_a_new_schedule_for_the_same_weights_is_a_new_version_and_the_kept_sweep
         )
     )
 
-    def export() -> tuple[Path, str]:
-        result = tmp_path / "result.json"
-        argv = [
-            "export",
-            "--workspace",
-            str(workspace.root),
-            "--checkpoint",
-            "step-4",
-            "--result-file",
-            str(result),
-        ]
-        assert eagle3(argv) == 0
-        published = json.loads(result.read_text())
-        return Path(published["artifacts"]["path"]), published["metrics"]["digest"]
-
-    old, old_digest = export()
+    result_file = tmp_path / "result.json"
+    old, old_digest = _export(workspace, 4, result_file)
     assert json.loads((old / EXPORT_MANIFEST).read_text())["speculation_schedule"] == argmax_schedule
 
     argv = ["sweep", "--workspace", str(workspace.root), "--target", "unused", "--checkpoint", "step-4",
@@ -207,7 +197,7 @@ def test_a_new_schedule_for_the_same_weights_is_a_new_version_and_the_kept_sweep
     assert result.metrics["schedule"] == [[1, 8, 4]]  # smoothed: K = 4 at every concurrency
     assert json.loads(kept.read_text())["schedule"] == [[1, 8, 4]], "the kept record says what was decided"
 
-    new, new_digest = export()
+    new, new_digest = _export(workspace, 4, result_file)
     assert new_digest != old_digest and new != old
     assert json.loads((new / EXPORT_MANIFEST).read_text())["speculation_schedule"] == [[1, 8, 4]]
     assert json.loads((old / EXPORT_MANIFEST).read_text())["speculation_schedule"] == argmax_schedule
