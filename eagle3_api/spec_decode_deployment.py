@@ -84,7 +84,9 @@ class AppliedSpeculation(ApiModel):
         description="vLLM num_speculative_tokens (the largest K of a schedule)."
     )
     schedule: list[list[int]] | None = Field(
-        None, description="num_speculative_tokens_per_batch_size, when the schedule is served by vLLM."
+        None,
+        description="num_speculative_tokens_per_batch_size, when vLLM serves the schedule per batch size "
+        "(a schedule with one K everywhere is served as that static K).",
     )
     message: str = Field(description="Where the K came from.")
 

@@ -5,7 +5,8 @@ Runs the same pipeline as deep_target_speedup.py (24-layer target, its draft bud
 (off) .. Kmax at each concurrency of the ladder (ABBA rounds against the target without
 speculation) and `eagle3 export` records the schedule. Then the target is served the way a
 SpecDecodeDeployment with `numSpeculativeTokens: auto` serves it (the operator's planner renders
-the `--speculative-config`, with vLLM's `num_speculative_tokens_per_batch_size`) next to the target
+the `--speculative-config`: vLLM's `num_speculative_tokens_per_batch_size`, or a static K where
+the schedule has one K everywhere) next to the target
 without speculation, and measured at every concurrency of the ladder, again in ABBA rounds; then
 against a server of the sweep's best static K at each concurrency, in the same kind of rounds, so
 that the second bar is one run's ratio.

@@ -73,6 +73,19 @@ def test_auto_serves_the_draft_training_sweep_schedule_per_batch_size():
     assert plan.status["resolvedDraft"]["speculationSchedule"] == SCHEDULE
 
 
+def test_auto_serves_a_schedule_with_one_k_everywhere_as_that_static_k():
+    # The same K at every batch size, through vLLM's static path (it keeps decode steps padded to K).
+    draft = {"model": "pvc://drafts/llama-eagle3", "speculationSchedule": [[1, 16, 4]]}
+    config, applied = _served(fakes.spec_decode(numSpeculativeTokens="auto", draft=draft))
+    assert config["num_speculative_tokens"] == 4 and "num_speculative_tokens_per_batch_size" not in config
+    assert applied["mode"] == "Schedule" and "schedule" not in applied
+    assert applied["message"].endswith("K = 4 at every batch size: served as a static K")
+    # Off everywhere is no static K: vLLM gets the schedule, which turns every step's speculation off.
+    draft["speculationSchedule"] = [[1, 16, 0]]
+    config, applied = _served(fakes.spec_decode(numSpeculativeTokens="auto", draft=draft))
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 16, 0]] == applied["schedule"]
+
+
 def test_auto_with_expected_concurrency_serves_that_k_statically():
     draft = {"model": "pvc://drafts/llama-eagle3", "speculationSchedule": SCHEDULE}
     config, applied = _served(

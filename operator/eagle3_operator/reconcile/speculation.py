@@ -4,7 +4,9 @@ An integer is served as it is. `auto` applies the draft's sweep schedule (`eagle
 best K per batch size, vLLM's `num_speculative_tokens_per_batch_size`, K = 0 off), which the
 pinned vLLM applies per scheduling step with `num_speculative_tokens` = the schedule's largest K
 (docs/benchmarks.md, "Speculation that follows the load", has what was checked on its CPU build).
-With `expectedConcurrency` the schedule's K at that concurrency is served as a static K instead.
+With `expectedConcurrency` the schedule's K at that concurrency is served as a static K instead, and
+so is a schedule with one K at every batch size: vLLM's per-batch-size path skips the padding of
+decode steps to a uniform K that keeps them in full CUDA/HIP graphs, for no change of K.
 A draft without a schedule is served with the field's default K, and status says so.
 """
 
@@ -45,6 +47,13 @@ def applied_speculation(spec: SpecDecodeDeploymentSpec, schedule: list[list[int]
             "mode": "ScheduleAtExpectedConcurrency",
             "numSpeculativeTokens": served,
             "message": f"the schedule's K at expectedConcurrency {spec.expected_concurrency}: {served}{note}",
+        }
+    uniform_k, *other_ks = {k for _, _, k in schedule}
+    if not other_ks and uniform_k > 0:
+        return {
+            "mode": "Schedule",
+            "numSpeculativeTokens": uniform_k,
+            "message": f"the draft's sweep schedule has K = {uniform_k} at every batch size: served as a static K",
         }
     return {
         "mode": "Schedule",
