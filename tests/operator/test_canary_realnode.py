@@ -12,17 +12,22 @@ emits that token most, so the stable track accepts plenty. Then, with `rollout.s
   once its window is full, the stable track moves to it and the canary Deployment goes.
 
 A client in a pod on the real node (ClusterIPs are reachable only from pods) sends completions
-through the Service's ClusterIP, one new connection each, from before the first rollout to after
-the promotion and the deletion of a serving pod after it; none may fail.
+through the Service's ClusterIP with the OpenAI SDK, one new connection each, from before the first
+rollout to the end. The rollouts and a serving pod's deletion after them need no retry. Then the
+vLLM of a serving pod that answers a request is SIGKILLed: the client's retries absorb what that
+fails. No request may fail.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
+import urllib.request
 
 import pytest
+from eagle3_operator.reconcile.pods import VLLM_PORT
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.monitoring.constant_draft import build_constant_draft, greedy_outputs
@@ -38,24 +43,35 @@ INTERVAL_S = 5
 ANALYSIS_S = 30
 VLLM_START_TIMEOUT_S = 600  # image start, vLLM start-up on a shared 2-core machine
 CLIENT = "canary-client"
-# A completion through the Service per line: "ok SECONDS" or "FAIL ERROR". SIGTERM ends it.
+# The OpenAI SDK's retry policy (its exponential backoff from 0.5 s, capped at 8 s, with jitter): a
+# request a killed replica drops, or a connection refused before the endpoints drop it, is sent again.
+# 5 retries wait 0.38-0.5, 0.75-1, 1.5-2, 3-4 and 6-8 s; the SDK's default of 2 covers 1.5 s at most.
+CLIENT_RETRIES = 5
+# A completion through the Service per line: "ok SECONDS", "retry MESSAGE" (the SDK's log of a
+# retry it took) or "FAIL ERROR" (no retry left). SIGTERM ends it.
 CLIENT_SCRIPT = """
-import json, signal, sys, time, urllib.request
-base, prompts, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+import json, logging, signal, sys, time
+import httpx2, openai
+base, prompts, max_tokens, retries = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 stopping = []
 signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-with urllib.request.urlopen(base + "/v1/models", timeout=60) as response:
-    model = json.load(response)["data"][0]["id"]
+class PrintRetries(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("Retrying request"):
+            print("retry", record.getMessage(), flush=True)
+sdk_log = logging.getLogger("openai")
+sdk_log.setLevel(logging.INFO)
+sdk_log.addHandler(PrintRetries())
+# A new connection per request, so the Service spreads requests over the replicas (and tracks).
+http = openai.DefaultHttpxClient(limits=httpx2.Limits(max_keepalive_connections=0))
+client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=retries, timeout=300, http_client=http)
+model = client.models.list().data[0].id
 print("model", model, flush=True)
 sent = 0
 while not stopping:
-    body = {"model": model, "prompt": prompts[sent % len(prompts)], "max_tokens": max_tokens, "temperature": 0}
-    request = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            json.load(response)["choices"][0]["text"]
+        client.completions.create(model=model, prompt=prompts[sent % len(prompts)], max_tokens=max_tokens, temperature=0)
         print("ok", round(time.monotonic() - started, 3), flush=True)
     except Exception as error:
         print("FAIL", repr(error), flush=True)
@@ -197,50 +213,30 @@ def test_a_bad_draft_is_rolled_back_and_a_good_one_promoted_without_a_failed_req
             interval=1,
             what="the canary Deployment gone, stable at 2 replicas",
         )
-        answered_before = _results(cluster, ns)[0]
-        wait_until(
-            lambda: _results(cluster, ns)[0] >= answered_before + 3,
-            timeout=120,
-            interval=1,
-            what="answers after the promotion",
-        )
+        _wait_for_answers(cluster, ns, "the promotion")
 
-        # A serving pod deleted as a drain or `kubectl delete pod` deletes it, once the promoted track's
-        # two pods serve: it leaves the Service's endpoints while it still serves (preStop), so the
-        # client's requests go to the other one. (Deleting the only ready pod fails requests: seen.)
-        wait_until(
-            lambda: _rolled_out(cluster, ns),
-            timeout=VLLM_START_TIMEOUT_S,
-            interval=2,
-            what="2 promoted pods ready",
-        )
-        serving = f"/api/v1/namespaces/{ns}/pods?labelSelector=eagle3.ai/spec-decode-deployment={SDD}"
-        victim = next(
-            p["metadata"]["name"]
-            for p in cluster.request("GET", serving)["items"]
-            if not p["metadata"].get("deletionTimestamp")
-        )
-        answered_before = _results(cluster, ns)[0]
-        cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim}")
-        wait_until(
-            lambda: get(cluster, f"/api/v1/namespaces/{ns}/pods/{victim}") is None,
-            timeout=120,
-            interval=1,
-            what=f"the deleted pod {victim} gone",
-        )
-        wait_until(
-            lambda: _results(cluster, ns)[0] >= answered_before + 3,
-            timeout=120,
-            interval=1,
-            what="answers after a serving pod was deleted",
-        )
-        print(f"serving pod {victim} deleted: {_results(cluster, ns)[0] - answered_before} answers since")
+        _wait_rolled_out(cluster, ns)
+        _delete_a_serving_pod(cluster, ns)
+        retries_before_kill = len(_results(cluster, ns)[1])
+        assert retries_before_kill == 0, "rollouts and a deletion must need no retry: the pods leave first"
+
+        # A serving pod's vLLM killed (SIGKILL: an OOM kill or a crash) while it answers a request:
+        # that request and connections opened before the endpoints drop the pod fail, and the client's
+        # retries (CLIENT_RETRIES) absorb them. The kubelet restarts the container in the same pod.
+        _wait_rolled_out(cluster, ns)
+        _kill_a_busy_serving_pod(cluster, ns)
+        retried = _results(cluster, ns)[1]
+        print(f"client retries after the kill: {len(retried)}: {retried[:4]}")
+        assert retried, "the kill hit no request in flight and no connection: nothing was retried"
     except BaseException:
         _print_diagnosis(cluster, ns)
         raise
     finally:
-        ok, failed = _results(cluster, ns)
-        print(f"client: {ok} completions, {len(failed)} failed; test {time.monotonic() - started:.0f} s")
+        ok, retried, failed = _results(cluster, ns)
+        print(
+            f"client: {ok} completions, {len(retried)} retries, {len(failed)} failed; "
+            f"test {time.monotonic() - started:.0f} s"
+        )
         cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{CLIENT}")
     assert failed == [], f"requests through the Service failed: {failed[:5]}"
 
@@ -250,7 +246,15 @@ def _start_client(cluster, namespace: str, base: str, prompts: list[str]) -> Non
         "name": "main",
         "image": realnode.RUNTIME_IMAGE_NAMES[0],
         "imagePullPolicy": "Never",
-        "command": ["python", "-c", CLIENT_SCRIPT, base, json.dumps(prompts), str(MAX_TOKENS)],
+        "command": [
+            "python",
+            "-c",
+            CLIENT_SCRIPT,
+            base,
+            json.dumps(prompts),
+            str(MAX_TOKENS),
+            str(CLIENT_RETRIES),
+        ],
     }
     spec = realnode.on_real_node(
         {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5, "containers": [container]}
@@ -259,15 +263,130 @@ def _start_client(cluster, namespace: str, base: str, prompts: list[str]) -> Non
     cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
 
 
-def _results(cluster, namespace: str) -> tuple[int, list[str]]:
-    """(completions answered, failures) so far, from the client's log."""
+def _results(cluster, namespace: str) -> tuple[int, list[str], list[str]]:
+    """(completions answered, retries taken, failures) so far, from the client's log."""
     lines = cluster.kubectl("logs", "-n", namespace, CLIENT, check=False).splitlines()  # empty until it runs
-    return sum(line.startswith("ok ") for line in lines), [line for line in lines if line.startswith("FAIL")]
+    return (
+        sum(line.startswith("ok ") for line in lines),
+        [line for line in lines if line.startswith("retry ")],
+        [line for line in lines if line.startswith("FAIL")],
+    )
+
+
+def _wait_for_answers(cluster, namespace: str, after: str) -> None:
+    answered_before = _results(cluster, namespace)[0]
+    wait_until(
+        lambda: _results(cluster, namespace)[0] >= answered_before + 3,
+        timeout=120,
+        interval=1,
+        what=f"answers after {after}",
+    )
+
+
+def _serving_pods(cluster, namespace: str) -> list[dict]:
+    path = f"/api/v1/namespaces/{namespace}/pods?labelSelector=eagle3.ai/spec-decode-deployment={SDD}"
+    return [p for p in cluster.request("GET", path)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _delete_a_serving_pod(cluster, namespace: str) -> None:
+    """A serving pod deleted as a drain or `kubectl delete pod` deletes it, once the promoted track's
+    two pods serve: it leaves the Service's endpoints while it still serves (preStop), so the
+    client's requests go to the other one. (Deleting the only ready pod fails requests: seen.)"""
+    victim = _serving_pods(cluster, namespace)[0]["metadata"]["name"]
+    answered_before = _results(cluster, namespace)[0]
+    cluster.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{victim}")
+    wait_until(
+        lambda: get(cluster, f"/api/v1/namespaces/{namespace}/pods/{victim}") is None,
+        timeout=120,
+        interval=1,
+        what=f"the deleted pod {victim} gone",
+    )
+    _wait_for_answers(cluster, namespace, "a serving pod was deleted")
+    print(f"serving pod {victim} deleted: {_results(cluster, namespace)[0] - answered_before} answers since")
+
+
+def _kill_a_busy_serving_pod(cluster, namespace: str) -> None:
+    """SIGKILL the vLLM of a serving pod that has a request running (its own /metrics says so), time
+    until the Service's endpoints drop it, and wait until the kubelet has restarted it in place and
+    it is ready again, with no new pod and no new ReplicaSet."""
+    replica_sets = _replica_sets(cluster, namespace)
+    victim = wait_until(
+        lambda: next((p for p in _serving_pods(cluster, namespace) if _requests_running(p) > 0), None),
+        timeout=60,
+        interval=0.2,
+        what="a serving pod with a request running",
+    )
+    name, ip = victim["metadata"]["name"], victim["status"]["podIP"]
+    (container,) = victim["status"]["containerStatuses"]
+    killed = time.monotonic()
+    cluster.real_node.kill_container(container["containerID"])
+    wait_until(
+        lambda: ip not in _ready_endpoints(cluster, namespace),
+        timeout=60,
+        interval=0.1,
+        what=f"the killed pod {name} out of the Service's ready endpoints",
+    )
+    print(f"serving pod {name} SIGKILLed: out of the ready endpoints after {time.monotonic() - killed:.1f} s")
+    wait_until(
+        lambda: _restarted_and_ready(cluster, namespace, name),
+        timeout=VLLM_START_TIMEOUT_S,
+        interval=2,
+        what=f"the killed pod {name} restarted in place and ready",
+    )
+    print(f"serving pod {name} ready again {time.monotonic() - killed:.0f} s after the kill")
+    _wait_for_answers(cluster, namespace, "a serving pod was killed")
+    assert {p["metadata"]["name"] for p in _serving_pods(cluster, namespace)} >= {name}
+    assert _replica_sets(cluster, namespace) == replica_sets, "a killed container is no new revision"
+
+
+def _requests_running(pod: dict) -> float:
+    """vllm:num_requests_running from the pod's own /metrics (pod IPs are routed from this host)."""
+    ip = pod["status"].get("podIP")
+    if not ip or not all(c.get("ready") for c in pod["status"].get("containerStatuses") or [{}]):
+        return 0.0
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{VLLM_PORT}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    found = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def _ready_endpoints(cluster, namespace: str) -> set[str]:
+    path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?labelSelector=kubernetes.io/service-name={SDD}"
+    return {
+        address
+        for endpoint_slice in cluster.request("GET", path)["items"]
+        for endpoint in endpoint_slice.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready")
+        for address in endpoint["addresses"]
+    }
+
+
+def _restarted_and_ready(cluster, namespace: str, name: str) -> bool:
+    pod = get(cluster, f"/api/v1/namespaces/{namespace}/pods/{name}")
+    statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
+    return bool(statuses) and all(s.get("restartCount", 0) >= 1 and s.get("ready") for s in statuses)
+
+
+def _replica_sets(cluster, namespace: str) -> set[str]:
+    found = cluster.request("GET", f"/apis/apps/v1/namespaces/{namespace}/replicasets")["items"]
+    return {r["metadata"]["name"] for r in found}
 
 
 def _ready_replicas(cluster, namespace: str) -> int:
     return (
         cluster.request("GET", spec_decode_path(namespace, SDD)).get("status", {}).get("readyReplicas") or 0
+    )
+
+
+def _wait_rolled_out(cluster, namespace: str) -> None:
+    wait_until(
+        lambda: _rolled_out(cluster, namespace),
+        timeout=VLLM_START_TIMEOUT_S,
+        interval=2,
+        what="the stable track's 2 pods ready",
     )
 
 

@@ -1051,6 +1051,15 @@ class RealNode:
         for folder in sorted(p for p in root.iterdir() if p.is_dir()):
             self.host_path_claim(cluster, namespace, folder.name, folder)
 
+    def kill_container(self, container_id: str) -> None:
+        """SIGKILL a container's main process as the kernel's OOM killer or a crash would end it: no
+        SIGTERM, no preStop hook, no grace period. container_id is a pod status's `containerd://ID`."""
+        runtime, _, task = container_id.partition("://")
+        if runtime != "containerd" or not task:
+            raise RealNodeError(f"not a containerd container: {container_id!r}")
+        ctr = [self._bin("ctr"), "--namespace=k8s.io", "tasks", "kill", "--signal=SIGKILL", task]
+        _run("nsenter", f"--target={self.holder_pid}", "--mount", "--pid", "--", *ctr)
+
     def describe(self) -> str:
         """How to reach the node (printed by `make cluster`)."""
         return (
