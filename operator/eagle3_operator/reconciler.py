@@ -231,9 +231,14 @@ class Reconciler:
                 observed.job_events = self._failed_create_events(namespace)
             plan = plan_training(body, observed)
             live = {key(o): o for items in listed.values() for o in items}
-            observed.refused, deferred = self._apply(body, plan, live)
+            observed.refused, deferred, wrote = self._apply(body, plan, live)
             if observed.refused:
                 plan = plan_training(body, observed)  # the same decision, with the refusals in its status
+            if wrote and not observed.refused and self._burst_of_new_objects(body):
+                # Other new objects wait for their first children: this one's first status write
+                # (planned again from the cache, which holds its children now) queues behind them.
+                self.queue.add((DT, namespace, name), first=True)
+                return _requeue_after(plan, deferred)
             self._write_status(DT, body, plan)
             metrics.record_training(namespace, name, plan.status)
             if (body.get("status") or {}).get("phase") != plan.status.get("phase"):
@@ -244,12 +249,19 @@ class Reconciler:
 
     def _apply(
         self, owner: dict[str, Any], plan: Any, live: dict[tuple[str, str], dict[str, Any]]
-    ) -> tuple[list[Any], int]:
+    ) -> tuple[list[Any], int, bool]:
+        """(refusals, writes deferred, whether any child was written)."""
         refused, written, deferred = apply_children(self.kube, owner, plan, live)
         for obj in written:  # into the cache at once, so the next pass does not plan them again
             current = live.get(key(obj))
             self.store.write_through(obj, (current or {}).get("metadata", {}).get("resourceVersion"))
-        return refused, deferred
+        return refused, deferred, bool(written)
+
+    def _burst_of_new_objects(self, body: dict[str, Any]) -> bool:
+        """This object's spec was not acted on yet, and other such objects wait in the queue."""
+        status = body.get("status") or {}
+        unacted = body["metadata"].get("generation") != status.get("observedGeneration")
+        return unacted and self.queue.first_lane_waiting()
 
     def _write_status(self, kind: str, body: dict[str, Any], plan: Any) -> None:
         written = write_status(self.kube, body, plan)
@@ -331,7 +343,7 @@ class Reconciler:
             )
             plan = self._plan_serving(body, observed, owned["NetworkPolicy"], children.foreign)
             live = [o for kind, objects in owned.items() if kind != "Pod" for o in objects]
-            observed.refused, deferred = self._apply(body, plan, {key(o): o for o in live})
+            observed.refused, deferred, _ = self._apply(body, plan, {key(o): o for o in live})
             if observed.refused:
                 # The same decision, with the refusals in its status.
                 plan = self._plan_serving(body, observed, owned["NetworkPolicy"], children.foreign)

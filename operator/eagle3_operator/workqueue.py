@@ -96,6 +96,11 @@ class WorkQueue:
         self.add_after(key, delay)
         return delay
 
+    def first_lane_waiting(self) -> bool:
+        """Whether keys wait in the lane served first."""
+        with self._cond:
+            return bool(self._first)
+
     def forget(self, key: Hashable) -> None:
         with self._cond:
             self._failures.pop(key, None)

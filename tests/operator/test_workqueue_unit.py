@@ -85,6 +85,17 @@ def test_keys_added_first_are_served_before_the_other_lane():
     assert len(queue) == 0
 
 
+def test_the_first_lane_says_whether_keys_wait_in_it():
+    queue = WorkQueue()
+    queue.add("re-check")
+    assert not queue.first_lane_waiting()
+    queue.add("new", first=True)
+    assert queue.first_lane_waiting()
+    assert queue.get() == "new"
+    assert not queue.first_lane_waiting(), "a key a worker has is no longer waiting"
+    queue.done("new")
+
+
 def test_a_key_marked_first_while_a_worker_has_it_comes_back_in_the_first_lane():
     queue = WorkQueue()
     queue.add("edited")
