@@ -114,9 +114,7 @@ class Reconciler:
         elif change == UNCHANGED:
             return  # our own write coming back, or a re-listing: nothing new
         if kind in (DT, SDD):
-            status = body.get("status") or {}
-            unacted = body["metadata"].get("generation") != status.get("observedGeneration")
-            self.queue.add((kind, namespace, name), first=unacted)
+            self.queue.add((kind, namespace, name), first=_unacted(body))
         else:
             labels = body["metadata"].get("labels") or {}
             delay = self.settings.progress_delay if change == PROGRESS else 0.0
@@ -259,9 +257,7 @@ class Reconciler:
 
     def _burst_of_new_objects(self, body: dict[str, Any]) -> bool:
         """This object's spec was not acted on yet, and other such objects wait in the queue."""
-        status = body.get("status") or {}
-        unacted = body["metadata"].get("generation") != status.get("observedGeneration")
-        return unacted and self.queue.first_lane_waiting()
+        return _unacted(body) and self.queue.first_lane_waiting()
 
     def _write_status(self, kind: str, body: dict[str, Any], plan: Any) -> None:
         written = write_status(self.kube, body, plan)
@@ -420,6 +416,11 @@ class Reconciler:
             window_s = max(window_s, rollout.canary.analysis_seconds)
         history.prune(now, window_s, set(serving))
         return history
+
+
+def _unacted(body: dict[str, Any]) -> bool:
+    """The object's spec has not been acted on yet: new, or edited since its last status write."""
+    return body["metadata"].get("generation") != (body.get("status") or {}).get("observedGeneration")
 
 
 def _requeue_after(plan: Any, deferred_writes: int) -> float:
