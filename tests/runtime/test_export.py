@@ -140,22 +140,21 @@ def test_an_export_is_published_under_its_digest_and_never_overwritten(tmp_path)
         manifest={"target": str(tmp_path / "target-model")},
     )
 
-    result = tmp_path / "result.json"
-    first, first_digest = _export(workspace, 4, result)
+    result_file = tmp_path / "result.json"
+    first, first_digest = _export(workspace, 4, result_file)
     first_weights = (first / "model.safetensors").read_bytes()
     manifest = json.loads((first / EXPORT_MANIFEST).read_text())
     assert manifest == {"digest": first_digest, "format": "eagle3", "checkpoint_step": 4}
     assert draft_digest(first) == first_digest  # what is on disk is what the digest names
     assert workspace.latest_export_dir.resolve() == first.resolve()
 
-    second, second_digest = _export(workspace, 8, result)
+    second, second_digest = _export(workspace, 8, result_file)
     assert second_digest != first_digest and second.name == export_version(second_digest)
     assert (first / "model.safetensors").read_bytes() == first_weights, "the first export was overwritten"
     assert workspace.latest_export_dir.resolve() == second.resolve()
 
-    again, again_digest = _export(
-        workspace, 4, result
-    )  # the same content: the published directory, untouched
+    # The same content: the published directory, untouched.
+    again, again_digest = _export(workspace, 4, result_file)
     assert (again, again_digest) == (first, first_digest)
     assert sorted(p.name for p in workspace.export_dir.iterdir()) == sorted(
         [first.name, second.name, LATEST_EXPORT]
