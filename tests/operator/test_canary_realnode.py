@@ -21,13 +21,13 @@ fails. No request may fail.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 import urllib.request
 
 import pytest
 from eagle3_operator.reconcile.pods import VLLM_PORT
+from prometheus_client.parser import text_string_to_metric_families
 
 from eagle3_runtime.tiny_target import ensure_tiny_target, stdlib_corpus
 from tests.monitoring.constant_draft import build_constant_draft, greedy_outputs
@@ -349,8 +349,12 @@ def _requests_running(pod: dict) -> float:
             text = response.read().decode()
     except OSError:
         return 0.0
-    found = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+-]+)$", text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:num_requests_running"
+    )
 
 
 def _ready_endpoints(cluster, namespace: str) -> set[str]:
