@@ -18,7 +18,7 @@ import kopf
 from eagle3_api import API_VERSION, GROUP, VERSION
 from eagle3_api.draft_training import PLURAL as DT_PLURAL
 from eagle3_api.spec_decode_deployment import PLURAL as SDD_PLURAL
-from eagle3_operator.kube import Kube
+from eagle3_operator.kube import Kube, load_api_client
 from eagle3_operator.leader import LeaderElector, LeaseSettings
 from eagle3_operator.reconcile import meta
 from eagle3_operator.reconciler import ControllerSettings, Reconciler
@@ -44,7 +44,8 @@ _state: dict[str, Any] = {}
 def setup(controller: ControllerSettings, lease: LeaseSettings | None) -> None:
     """The operator's parts, before kopf runs: one Kube client, the Reconciler and, when asked
     for, the leader elector that fences the client's writes."""
-    kube = Kube()
+    # A connection per reconcile worker, and one for the leader elector.
+    kube = Kube(load_api_client(connections=controller.workers + 1))
     _state["reconciler"] = Reconciler(kube, controller)
     _state["elector"] = None
     if lease is not None:

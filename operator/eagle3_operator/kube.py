@@ -70,13 +70,21 @@ class NotFound(ApiError):
         super().__init__(404, f"not found: {path}")
 
 
-def load_api_client() -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def load_api_client(connections: int | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config).
+
+    `connections`: the connections kept open to the API server, one per thread that may call it at
+    once. The client's default is 5 per CPU the host reports; when fewer than the callers, each
+    request over it opens a TLS connection and drops it after one use.
+    """
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    if connections is not None:
+        configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str = "") -> str:

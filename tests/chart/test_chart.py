@@ -65,7 +65,7 @@ def test_operator_deployment_defaults(tmp_path):
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert container["args"] == [
-        "--metrics-port=8080", "--liveness-port=8081", "--leader-elect",
+        "--workers=8", "--metrics-port=8080", "--liveness-port=8081", "--leader-elect",
         f"--leader-elect-resource-name={RELEASE}-eagle3-operator", "--leader-elect-resource-namespace=eagle3-system",
         "--leader-elect-lease-duration=15", "--leader-elect-renew-deadline=10", "--leader-elect-retry-period=2",
     ]  # fmt: skip
@@ -313,6 +313,7 @@ def test_dashboards_are_labelled_config_maps_with_valid_json(tmp_path):
 BAD_VALUES = [
     ({"operator": {"metricsPort": "8080"}}, "/operator/metricsPort"),
     ({"operator": {"livenessPort": 70000}}, "/operator/livenessPort"),
+    ({"operator": {"workers": 0}}, "/operator/workers"),
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
     ({"replicas": 0}, "/replicas"),
