@@ -5,8 +5,11 @@ once nothing changes, and how much memory it takes.
 
 Measures (written to benchmarks/operator/results/DATE-OBJECTS.json and printed):
   * time from each object's creation until all its first children exist (workspace PVC, target
-    Deployment and its Service, each polled) and until its first stage Job (generate, created once
-    kwok reports the target Ready): median and p99;
+    Deployment and its Service) and until its first stage Job (generate, created once kwok reports
+    the target Ready): median and p99, from the create request of an operator that is watching
+    (`--cold-start`: as soon as it is alive). A child exists when its ADDED event arrives on a
+    metadata-only watch (`--clock watch`, the default); `--clock poll` times them by list polls
+    every 0.5 s (2 s at 2000 objects), as runs before 2026-12-03 did, with the watch's times beside;
   * reconciles until idle (counted before the idle window);
   * write requests per object per minute while idle, from the API server's own
     apiserver_request_total counter (idle window longer than one resync round);
@@ -18,9 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from kubernetes.watch.watch import iter_resp_lines
 
 from tests.operator.harness import (
     OperatorProcess,
@@ -61,6 +68,8 @@ def _operator_writes(operator: OperatorProcess) -> float:
 # takes as little as it can from the API server it measures.
 RESYNC_PERIOD_S = 120.0  # the operator's default --resync-period
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_ONLY_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+JOBS = "/apis/batch/v1/namespaces/{ns}/jobs"
 
 
 def list_metadata(api, path: str) -> list[dict]:
@@ -74,6 +83,91 @@ def list_metadata(api, path: str) -> list[dict]:
     )
     response = api.call_api(method, url, header_params=headers, _request_timeout=30)
     return [item["metadata"] for item in json.loads(response.read()).get("items") or []]  # null when empty
+
+
+class FirstAdded:
+    """When each object of a collection first came on a metadata-only watch (monotonic clock).
+
+    The event arrives within milliseconds of the write on a quiet API server, where a list poll
+    adds up to its interval to every time and loads the API server it measures. `key` names the
+    object an item counts for (None: it does not count).
+    """
+
+    def __init__(self, api, path: str, key: Callable[[dict], str | None]):
+        self.api, self.path, self.key = api, path, key
+        self.seen: dict[str, float] = {}
+        self.error: str | None = None
+        self.connected = threading.Event()
+        self._stopping = False
+        self._response = None
+        self._thread = threading.Thread(target=self._run, name=f"watch {path}", daemon=True)
+
+    def start(self) -> FirstAdded:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._response is not None:
+            self._response.close()
+
+    def _run(self) -> None:
+        resource_version = ""  # none: the watch starts with an ADDED event for what exists
+        try:
+            while not self._stopping:
+                resource_version = self._follow(resource_version)
+        except Exception as error:  # noqa: BLE001 - reported with the results; after stop() expected
+            if not self._stopping:
+                self.error = repr(error)
+
+    def _follow(self, resource_version: str) -> str:
+        """One watch request until the server ends it; the resourceVersion to go on from."""
+        query = [
+            ("labelSelector", OWNED),
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", "600"),
+        ]
+        query += [("resourceVersion", resource_version)] if resource_version else []
+        method, url, headers, _, _ = self.api.param_serialize(
+            method="GET",
+            resource_path=self.path,
+            query_params=query,
+            header_params={"Accept": METADATA_ONLY_WATCH},
+            auth_settings=["BearerToken"],
+        )
+        self._response = self.api.call_api(
+            method, url, header_params=headers, _request_timeout=(10, 700)
+        ).response
+        if self._response.status != 200:
+            raise RuntimeError(
+                f"watch {self.path}: HTTP {self._response.status} {self._response.data[:300]!r}"
+            )
+        self.connected.set()
+        for line in iter_resp_lines(self._response):
+            now = time.monotonic()
+            event = json.loads(line)
+            if event["type"] == "ERROR":  # 410 Gone: the version is compacted; start over
+                return ""
+            metadata = event["object"]["metadata"]
+            resource_version = metadata["resourceVersion"]
+            name = self.key(metadata) if event["type"] == "ADDED" else None
+            if name is not None:
+                self.seen.setdefault(name, now)
+        return resource_version
+
+
+def _child_of(suffix: str) -> Callable[[dict], str | None]:
+    def key(metadata: dict) -> str | None:
+        owner = (metadata.get("labels") or {}).get(OWNED)
+        return owner if owner and metadata["name"] == owner + suffix else None
+
+    return key
+
+
+def _generate_job_of(metadata: dict) -> str | None:
+    name = metadata["name"]
+    return name.removesuffix("-generate") if name.endswith("-generate") else None
 
 
 def _mean(operator: OperatorProcess, histogram: str, **labels: str) -> float | None:
@@ -93,6 +187,22 @@ def operator_breakdown(operator: OperatorProcess) -> dict:
         "mean_api_request_s": {
             verb: _mean(operator, "eagle3_operator_api_request_duration_seconds", verb=verb)
             for verb in ("create", "apply", "patch")
+        },
+    }
+
+
+def _timings(
+    names: list[str], created: dict[str, float], children: dict[str, dict[str, float]], jobs: dict[str, float]
+) -> dict:
+    """Median and p99 from each object's creation until its last first child, and its first Job."""
+    to_children = [max(children[kind][n] for kind in FIRST_CHILDREN) - created[n] for n in names]
+    to_job = [jobs[n] - created[n] for n in names if n in jobs]
+    return {
+        "first_children_s": {"median": statistics.median(to_children), "p99": percentile(to_children, 0.99)},
+        "first_stage_job_s": {
+            "objects": len(to_job),
+            "median": statistics.median(to_job) if to_job else None,
+            "p99": percentile(to_job, 0.99) if to_job else None,
         },
     }
 
@@ -124,28 +234,40 @@ def bench_cluster(objects: int) -> LocalCluster:
     return LocalCluster(gpu_nodes=objects // 8 + 2, cpu_nodes=2)
 
 
-def start_operator(
-    cluster: LocalCluster, names: list[str], operator_args: str
-) -> tuple[str, OperatorProcess]:
-    """The CRDs, a manual namespace with the volumes of the DraftTrainings `names` (stage pods stay
-    Running: the pipeline idles after stage 1), and the operator watching it as the chart runs it."""
+def prepare_namespace(cluster: LocalCluster, names: list[str]) -> str:
+    """The CRDs and a manual namespace with the volumes of the DraftTrainings `names` (stage pods
+    stay Running: the pipeline idles after stage 1)."""
     install_crds(cluster)
     ns = cluster.create_namespace(manual=True)
     bind_volume(cluster, ns, "prompts", create_claim=True)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: bind_volume(cluster, ns, f"{n}-workspace", create_claim=False), names))
+    return ns
+
+
+def start_operator(
+    cluster: LocalCluster, names: list[str], operator_args: str
+) -> tuple[str, OperatorProcess]:
+    """prepare_namespace's namespace, and the operator watching it as the chart runs it."""
+    ns = prepare_namespace(cluster, names)
     log = Path(cluster.workdir) / "bench-operator.log"
     extra_args = (*operator_args.split(), "--leader-elect-resource-namespace", ns)
     return ns, OperatorProcess(cluster, [ns], log, extra_args).start()
 
 
-def create_trainings(cluster: LocalCluster, ns: str, names: list[str]) -> dict[str, float]:
-    """Create the DraftTrainings from 16 threads; when each was created (monotonic)."""
+def create_trainings(
+    cluster: LocalCluster, ns: str, names: list[str], on_created: Callable[[dict], None] | None = None
+) -> dict[str, float]:
+    """Create the DraftTrainings from 16 threads; when each one's create request was sent
+    (monotonic: the object cannot exist earlier, so no time measured from it is short).
+    `on_created(body)` gets each object as the API server returned it."""
     created: dict[str, float] = {}
 
     def create(name: str) -> None:
-        cluster.request("POST", draft_training_path(ns), training_body(ns, name))
         created[name] = time.monotonic()
+        body = cluster.request("POST", draft_training_path(ns), training_body(ns, name))
+        if on_created:
+            on_created(body)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(create, names))
@@ -168,56 +290,93 @@ def write_results(results: dict, path: Path | None, name: str) -> None:
 def main() -> None:
     parser = bench_parser(__doc__, objects=200)
     parser.add_argument("--idle-seconds", type=float, default=150.0)
+    parser.add_argument(
+        "--clock",
+        choices=("watch", "poll"),
+        default="watch",
+        help="when a child exists: its ADDED event on a watch, or the list poll that first shows it "
+        "(runs before 2026-12-03; the watch's times are recorded beside)",
+    )
+    parser.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="create the objects once the operator's liveness endpoint answers, before its watches "
+        "are open (runs before 2026-12-03); by default the operator is watching first",
+    )
     args = parser.parse_args()
     names = bench_names(args.objects)
     # Waits long enough for the test bed itself (kwok, the scheduler, the PV controller) at 2000 objects.
     wait_s = max(300.0, 1.5 * args.objects)
-    # The poller shares the 2 cores: at 2000 objects it lists every 2 s (resolution far under the bar).
+    # The poller shares the 2 cores: at 2000 objects it lists every 2 s.
     poll_s = max(0.5, args.objects / 1000)
     with bench_cluster(args.objects) as cluster:
         ns, operator = start_operator(cluster, names, args.operator_args)
+        watching_after_liveness_s = None if args.cold_start else operator.wait_watching()
         peak_rss = rss_mib(operator.proc.pid)
         api = cluster.api_client()
+        watched = {
+            kind: FirstAdded(api, path.format(ns=ns), _child_of(suffix)).start()
+            for kind, (path, suffix) in FIRST_CHILDREN.items()
+        }
+        watched_jobs = FirstAdded(api, JOBS.format(ns=ns), _generate_job_of).start()
+        for watch in (*watched.values(), watched_jobs):
+            if not watch.connected.wait(30):
+                raise RuntimeError(f"no watch on {watch.path} after 30 s: {watch.error}")
+        # Per object, when each of its first children was first seen; the object's time is the latest.
+        first_seen = {kind: watch.seen for kind, watch in watched.items()}
+        first_job = watched_jobs.seen
+        polled: dict[str, dict[str, float]] = {kind: {} for kind in FIRST_CHILDREN}
+        polled_job: dict[str, float] = {}
+        if args.clock == "poll":
+            first_seen, first_job = polled, polled_job
         started = time.monotonic()
         created = create_trainings(cluster, ns, names)
         print(f"created {len(names)} DraftTrainings in {time.monotonic() - started:.1f} s", flush=True)
 
-        # Per object, when each of its first children was first seen; the object's time is the latest.
-        first_seen: dict[str, dict[str, float]] = {kind: {} for kind in FIRST_CHILDREN}
-        first_job: dict[str, float] = {}
+        def children_complete() -> bool:
+            return all(len(first_seen[kind]) >= len(names) for kind in FIRST_CHILDREN)
 
-        def children_complete() -> list[str]:
-            return [n for n in names if all(n in first_seen[kind] for kind in FIRST_CHILDREN)]
-
-        def poll() -> bool:
+        def look() -> bool:
+            """Sample the memory (and list, with the poll clock); whether every generate Job is there."""
             nonlocal peak_rss
             now = time.monotonic()
             peak_rss = max(peak_rss, rss_mib(operator.proc.pid))
-            for kind, (path, suffix) in FIRST_CHILDREN.items():
-                for child in list_metadata(api, path.format(ns=ns)):
-                    name = child["labels"][OWNED]
-                    if child["name"] == name + suffix:
-                        first_seen[kind].setdefault(name, now)
-            for job in list_metadata(api, f"/apis/batch/v1/namespaces/{ns}/jobs"):
-                first_job.setdefault(job["name"].removesuffix("-generate"), now)
+            if args.clock == "poll":
+                for kind, (path, suffix) in FIRST_CHILDREN.items():
+                    for child in list_metadata(api, path.format(ns=ns)):
+                        name = _child_of(suffix)(child)
+                        if name:
+                            polled[kind].setdefault(name, now)
+                for job in list_metadata(api, JOBS.format(ns=ns)):
+                    if name := _generate_job_of(job):
+                        polled_job.setdefault(name, now)
             return len(first_job) >= len(names)
 
         wait_until(
-            lambda: poll() or len(children_complete()) >= len(names),
+            lambda: look() or children_complete(),
             timeout=2 * wait_s,
-            interval=poll_s,
+            interval=poll_s if args.clock == "poll" else 0.5,
             what="every DraftTraining's first children",
         )
         at_first_children = operator_breakdown(operator)
         # The generate Job waits for kwok to report the target Ready; on an overloaded machine kwok's
         # node heartbeats can lapse and leave targets unready, so this wait is bounded and reported.
         try:
-            wait_until(poll, timeout=wait_s, interval=poll_s, what="every DraftTraining's generate Job")
+            wait_until(look, timeout=wait_s, interval=poll_s, what="every DraftTraining's generate Job")
         except TimeoutError:
             print(f"only {len(first_job)} of {len(names)} generate Jobs after the wait", flush=True)
-        to_children = [max(first_seen[kind][n] for kind in FIRST_CHILDREN) - created[n] for n in names]
-        to_job = [first_job[n] - created[n] for n in names if n in first_job]
         print(f"first-stage Jobs: {len(first_job)} after {time.monotonic() - started:.1f} s", flush=True)
+        watch_errors = {w.path: w.error for w in (*watched.values(), watched_jobs) if w.error}
+        timings = {
+            clock: _timings(names, created, seen, jobs)
+            for clock, seen, jobs in (
+                ("watch", {kind: w.seen for kind, w in watched.items()}, watched_jobs.seen),
+                ("poll", polled, polled_job),
+            )
+            if clock == "watch" or args.clock == "poll"
+        }
+        for watch in (*watched.values(), watched_jobs):
+            watch.stop()
 
         # Idle means settled: every generate pod bound to its volume and Running (on a loaded machine
         # the PV controller and the scheduler can trail the Jobs by minutes), then the last status
@@ -270,14 +429,16 @@ def main() -> None:
 
     results = {
         "objects": len(names),
-        "first_children_s": {"median": statistics.median(to_children), "p99": percentile(to_children, 0.99)},
+        "clock": args.clock,
+        "cold_start": args.cold_start,
+        # How long after its liveness endpoint answered the operator had its watches open.
+        "operator_watching_after_liveness_s": watching_after_liveness_s,
+        **timings[args.clock],
+        # Both clocks of one run, when the poll was the clock (the watches ran beside it).
+        **({"by_clock": timings} if len(timings) > 1 else {}),
+        **({"watch_errors": watch_errors} if watch_errors else {}),
         # The operator's side of it, once every object's first children were seen.
         "operator_at_first_children": at_first_children,
-        "first_stage_job_s": {
-            "objects": len(to_job),
-            "median": statistics.median(to_job) if to_job else None,
-            "p99": percentile(to_job, 0.99) if to_job else None,
-        },
         "idle_window_s": round(idle_minutes * 60, 1),
         "idle_reconciles": idle_reconciles,
         # What the operator itself sent (its own request counter; kopf writes nothing in this setup).

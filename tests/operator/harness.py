@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -102,6 +103,24 @@ class OperatorProcess:
         wait_until(alive, timeout=60, interval=0.3, what="operator liveness endpoint")
         return self
 
+    def wait_watching(self, timeout: float = 60) -> float:
+        """Until the API server holds a namespace-scoped watch of every kind the operator watches;
+        how long that took. The liveness endpoint answers before, and an object created in between
+        waits for the watch (about 1.3 s on the test bed, where a custom resource's storage is
+        still initialising just after its CRD is installed). Any namespaced watch of a kind counts:
+        call this before opening one's own."""
+        from eagle3_operator.handlers import WATCHED  # registers kopf handlers here, never run
+
+        wanted = {plural for _, _, plural, *_ in WATCHED}
+        started = time.monotonic()
+        wait_until(
+            lambda: wanted <= namespaced_watches(self.cluster),
+            timeout=timeout,
+            interval=0.2,
+            what="the operator's watches at the API server",
+        )
+        return time.monotonic() - started
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -156,6 +175,20 @@ def apiserver_writes(cluster: LocalCluster, resources: set[str] = WATCHED_RESOUR
                 sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
                 writes[f"{labels['verb']} {labels['resource']}{sub}"] += int(sample.value)
     return writes
+
+
+def namespaced_watches(cluster: LocalCluster) -> set[str]:
+    """Resources with a namespace-scoped watch open at the API server (its own gauge)."""
+    text = cluster.kubectl("get", "--raw", "/metrics")
+    return {
+        sample.labels["resource"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "apiserver_longrunning_requests"
+        for sample in family.samples
+        if sample.labels.get("verb") == "WATCH"
+        and sample.labels.get("scope") == "namespace"
+        and sample.value >= 1
+    }
 
 
 def bind_volume(cluster: LocalCluster, namespace: str, claim: str, *, create_claim: bool) -> None:
