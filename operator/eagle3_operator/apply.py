@@ -95,8 +95,10 @@ def apply_children(
                 obj["apiVersion"], obj["kind"], owner["metadata"]["namespace"], obj["metadata"]["name"]
             )
             current = None
-        if current is None or not contains(current, wanted):
-            writes.append((obj, "updating" if current else "creating", kube.apply))
+        if current is None:
+            writes.append((obj, "creating", kube.create))
+        elif not contains(current, wanted):
+            writes.append((obj, "updating", kube.apply_created))
     refused, written, deferred = [], [], 0
     for obj, verb, write in writes:
         log.info("%s %s %s", verb, obj["kind"], obj["metadata"]["name"])

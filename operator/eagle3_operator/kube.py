@@ -164,12 +164,52 @@ class Kube:
         return result.get("items") or []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create; None when it exists already (a concurrent reconcile made it)."""
+        """Create with the operator's field manager; None when it exists already (a concurrent
+        reconcile made it)."""
         path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
         try:
-            return self._call("create", "POST", path, body=obj)
+            return self._call("create", "POST", path, body=obj, query=[("fieldManager", FIELD_MANAGER)])
         except Conflict:
             return None
+
+    def apply_created(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply to a child this operator created, once its fields are the apply's.
+
+        A child is created by POST (server-side apply costs the API server about twice as much to
+        create one: docs/benchmarks.md, the floor). The fields set then belong to the operator's
+        field manager as an `Update` entry, and an apply would only share them: a field dropped from
+        a later apply would stay. So before the first apply that entry becomes the manager's `Apply`
+        entry, as kubectl's upgrade from client-side to server-side apply does."""
+        for _ in range(3):  # the entries may move between the read and the patch: read again
+            try:
+                self._own_created_fields(obj)
+                break
+            except ApiError as error:
+                if error.status != 422:  # 422: the patch's test of the entry failed
+                    raise
+        return self.apply(obj)
+
+    def _own_created_fields(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        live = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        entries = (live or {"metadata": {}})["metadata"].get("managedFields") or []
+        ours = [
+            i for i, e in enumerate(entries) if e.get("manager") == FIELD_MANAGER and not e.get("subresource")
+        ]
+        if not ours or any(entries[i].get("operation") == "Apply" for i in ours):
+            return
+        entry = f"/metadata/managedFields/{ours[0]}"
+        self._call(
+            "patch",
+            "PATCH",
+            resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
+            body=[
+                {"op": "test", "path": f"{entry}/manager", "value": FIELD_MANAGER},
+                {"op": "test", "path": f"{entry}/operation", "value": "Update"},
+                {"op": "replace", "path": f"{entry}/operation", "value": "Apply"},
+            ],
+            content_type="application/json-patch+json",
+        )
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply with the operator's field manager (creates when missing)."""
