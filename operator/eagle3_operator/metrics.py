@@ -132,26 +132,29 @@ _SERVING_GAUGES = (
 
 
 class PhaseTracker:
-    """Counts objects per (kind, namespace, phase) from the latest phase seen for each object."""
+    """Counts objects per (kind, namespace, phase) from the latest phase seen for each object.
+
+    Kept up to date per change (a reconcile of one object costs O(1), not a count of all: at 2000
+    objects the recount was 2.5 % of the operator's samples in a profile of a burst). A count that
+    falls to 0 stays as a 0 series."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], str] = {}
+        self._counts: dict[tuple[str, str, str], int] = {}
 
-    def set(self, kind: str, namespace: str, name: str, phase: str | None) -> None:
+    def set(self, kind: str, namespace: str, name: str, phase: str | None) -> str | None:
+        """Record the object's phase (None: it is gone); the phase it had before."""
         with self._lock:
-            if phase is None:
-                self._phases.pop((kind, namespace, name), None)
-            else:
+            previous = self._phases.pop((kind, namespace, name), None)
+            if phase is not None:
                 self._phases[(kind, namespace, name)] = phase
-            counts: dict[tuple[str, str, str], int] = {}
-            for (k, ns, _), p in self._phases.items():
-                counts[(k, ns, p)] = counts.get((k, ns, p), 0) + 1
-            for labels in list(RESOURCES._metrics):  # noqa: SLF001 - zero series whose objects are gone
-                if labels not in counts:
-                    RESOURCES.labels(*labels).set(0)
-            for labels, count in counts.items():
-                RESOURCES.labels(*labels).set(count)
+            if previous != phase:
+                for labels, delta in (((kind, namespace, previous), -1), ((kind, namespace, phase), 1)):
+                    if labels[2] is not None:
+                        self._counts[labels] = self._counts.get(labels, 0) + delta
+                        RESOURCES.labels(*labels).set(self._counts[labels])
+            return previous
 
 
 PHASES = PhaseTracker()
@@ -190,8 +193,8 @@ def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
     """Training gauges from a DraftTraining's status."""
     labels = (namespace, name)
     phase = status.get("phase")
-    PHASES.set("DraftTraining", namespace, name, phase)
-    _set_training_phase(namespace, name, phase)
+    previous = PHASES.set("DraftTraining", namespace, name, phase)
+    _set_training_phase(namespace, name, phase, previous)
     train = next((s for s in status.get("stages") or [] if s.get("name") == "train"), {})
     progress = status.get("progress") or {}
     from_progress = progress.get("stage") == "train"
@@ -228,11 +231,11 @@ def record_training(namespace: str, name: str, status: dict[str, Any]) -> None:
             )
 
 
-def _remove_object_series(gauge: Gauge, namespace: str, name: str, keep: tuple[str | None, ...] = ()) -> None:
+def _remove_object_series(gauge: Gauge, namespace: str, name: str) -> None:
     """Remove every series of one object (labels starting namespace, name) from a gauge with more
-    labels than those two, except the series `keep`."""
+    labels than those two."""
     for labels in list(gauge._metrics):  # noqa: SLF001 - the client has no removal by label prefix
-        if labels[:2] == (namespace, name) and labels != keep:
+        if labels[:2] == (namespace, name):
             gauge.remove(*labels)
 
 
@@ -240,15 +243,18 @@ def _forget_context_lengths(namespace: str, name: str) -> None:
     _remove_object_series(TRAINING_BEST_ACCEPTANCE_BY_CONTEXT, namespace, name)
 
 
-def _set_training_phase(namespace: str, name: str, phase: str | None) -> None:
-    _remove_object_series(TRAINING_PHASE, namespace, name, keep=(namespace, name, phase))
+def _set_training_phase(namespace: str, name: str, phase: str | None, previous: str | None) -> None:
+    """The object's one phase series, moved from `previous` (its only other one)."""
+    if previous is not None and previous != phase:
+        with suppress(KeyError):
+            TRAINING_PHASE.remove(namespace, name, previous)
     if phase is not None:
         TRAINING_PHASE.labels(namespace, name, phase).set(1)
 
 
 def forget_training(namespace: str, name: str) -> None:
-    PHASES.set("DraftTraining", namespace, name, None)
-    _set_training_phase(namespace, name, None)
+    previous = PHASES.set("DraftTraining", namespace, name, None)
+    _set_training_phase(namespace, name, None, previous)
     _forget_context_lengths(namespace, name)
     for gauge in _TRAINING_GAUGES:
         with suppress(KeyError):
