@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -188,7 +189,18 @@ def operator_breakdown(operator: OperatorProcess) -> dict:
             verb: _mean(operator, "eagle3_operator_api_request_duration_seconds", verb=verb)
             for verb in ("create", "apply", "patch")
         },
+        "api_requests": {
+            verb: operator.metric("eagle3_operator_api_requests_total", verb=verb)
+            for verb in ("create", "apply", "patch", "get", "list")
+        },
+        "cpu_seconds": cpu_seconds(operator.proc.pid),
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _timings(
@@ -312,6 +324,7 @@ def main() -> None:
     with bench_cluster(args.objects) as cluster:
         ns, operator = start_operator(cluster, names, args.operator_args)
         watching_after_liveness_s = None if args.cold_start else operator.wait_watching()
+        cpu_before_creates = cpu_seconds(operator.proc.pid)
         peak_rss = rss_mib(operator.proc.pid)
         api = cluster.api_client()
         watched = {
@@ -437,8 +450,10 @@ def main() -> None:
         # Both clocks of one run, when the poll was the clock (the watches ran beside it).
         **({"by_clock": timings} if len(timings) > 1 else {}),
         **({"watch_errors": watch_errors} if watch_errors else {}),
-        # The operator's side of it, once every object's first children were seen.
+        # The operator's side of it, once every object's first children were seen (its CPU seconds
+        # count from its start: those before the first create are beside them).
         "operator_at_first_children": at_first_children,
+        "operator_cpu_seconds_before_creates": cpu_before_creates,
         "idle_window_s": round(idle_minutes * 60, 1),
         "idle_reconciles": idle_reconciles,
         # What the operator itself sent (its own request counter; kopf writes nothing in this setup).
