@@ -23,10 +23,11 @@ The shared build steps are eagle3_runtime/tiny_build.py's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import platform
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -39,8 +40,10 @@ log = logging.getLogger(__name__)
 
 VOCAB_PADDING = 64
 # Part of every cache key: bump it when a change alters a built target (tokens, documents, model,
-# training, saved files). Version 1 builds what this module's source-hashed keys built.
-RECIPE_VERSION = "1"
+# training, saved files). Version 1 built what this module's source-hashed keys built; version 2
+# gives MiniMax-M2 its `rotary_dim` and router fields, DeepSeek-V3 its own latent size, Kimi-K2.5
+# what vLLM's processor reads.
+RECIPE_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class ChatShape:
 # take `enable_thinking=false` (a chat_template_kwargs entry) to open the answer with an empty block.
 _THINK = "{% if message.get('reasoning_content') %}<think>\n{{ message['reasoning_content'] }}\n</think>\n\n{% endif %}"
 _NO_THINK = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+
+# Kimi-K2.5's image placeholder tokens: vLLM's processor for the wrapper looks `<|media_pad|>` up.
+KIMI_MEDIA_TOKENS = ("<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>")
 
 CHAT_SHAPES = {
     "llama3": ChatShape(
@@ -140,6 +146,7 @@ CHAT_SHAPES = {
             "<|im_middle|>",
             "<think>",
             "</think>",
+            *KIMI_MEDIA_TOKENS,
         ),
     ),
     "minimax-m2": ChatShape(
@@ -253,10 +260,12 @@ def _deepseek_v3(spec, vocab_size, ids):
         n_group=1,
         topk_group=1,
         first_k_dense_replace=1,
-        kv_lora_rank=64,
+        # The latent cache is DeepSeek-V3's own 512 + 64: vLLM's CPU MLA kernel is built for that
+        # size only ("Head dimension 96 is not supported by MLA" with a smaller one).
+        kv_lora_rank=512,
         q_lora_rank=96,
-        qk_rope_head_dim=32,
-        qk_nope_head_dim=32,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=64,
         v_head_dim=spec.head_dim,
         num_mtp_layers=0,
         # DeepSeek-V3's own config.json names its router (Hugging Face's class assumes it; vLLM
@@ -274,6 +283,13 @@ def _minimax_m2(spec, vocab_size, ids):
     return MiniMaxM2Config(
         **config,
         head_dim=spec.head_dim,
+        # Released MiniMax-M2 checkpoints rotate half of each head (rotary_dim 64 of head_dim 128)
+        # and name it `rotary_dim`, which vLLM's MiniMaxM2 reads (and fails without).
+        rotary_dim=spec.head_dim // 2,
+        # Their router: sigmoid scores plus a learned bias (Hugging Face's class always routes so;
+        # vLLM's reads both fields and fails without `scoring_func`).
+        scoring_func="sigmoid",
+        use_routing_bias=True,
         num_local_experts=spec.experts,
         num_experts_per_tok=spec.experts_per_token,
     )
@@ -286,6 +302,8 @@ class Family:
     # The architecture vLLM serves; a wrapped family stores the text model's weights under a prefix.
     architecture: str
     wrapper: str | None = None
+    # `vllm serve` flags the family needs here (target.extraArgs of its DraftTraining).
+    vllm_args: tuple[str, ...] = ()
     notes: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -305,7 +323,14 @@ FAMILIES = {
         Family("qwen3-moe", _qwen3_moe, "Qwen3MoeForCausalLM"),
         Family("gpt-oss", _gpt_oss, "GptOssForCausalLM"),
         Family("deepseek-v3", _deepseek_v3, "DeepseekV3ForCausalLM"),
-        Family("kimi-k2.5", _deepseek_v3, "KimiK25ForConditionalGeneration", wrapper="kimi_k25"),
+        # Text only: the checkpoint has no vision tower, so vLLM is told to build none.
+        Family(
+            "kimi-k2.5",
+            _deepseek_v3,
+            "KimiK25ForConditionalGeneration",
+            wrapper="kimi_k25",
+            vllm_args=("--language-model-only",),
+        ),
         Family("minimax-m2", _minimax_m2, "MiniMaxM2ForCausalLM"),
     )
 }
@@ -376,7 +401,9 @@ def training_documents(texts: list[str], spec: TinyFamilySpec, tokenizer, rng: r
     )
 
 
-def build_tiny_family(spec: TinyFamilySpec, out_dir: Path) -> None:
+def build_tiny_family(spec: TinyFamilySpec, out_dir: Path, device: str = "cpu") -> None:
+    """Build the target of `spec` into the new folder `out_dir`, trained on `device` (on CUDA in
+    bf16 autocast, with no thread cap: the GPU build of docs/target-families.md's targets)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -404,18 +431,39 @@ def build_tiny_family(spec: TinyFamilySpec, out_dir: Path) -> None:
         len(tokenizer),
         padded_vocab,
     )
-    tiny_build.train_causal_lm(model, stream, spec, max_threads=2)
+    tiny_build.train_causal_lm(model, stream, spec, device=device, max_threads=2 if device == "cpu" else None)
 
     stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(family.chat.end_of_text)}
     tiny_build.save_target(model, tokenizer, out_dir, stop_ids=sorted(stop_ids))
     if family.wrapper == "kimi_k25":
-        _wrap_as_kimi_k25(out_dir)
+        _wrap_as_kimi_k25(out_dir, media_pad=tokenizer.convert_tokens_to_ids("<|media_pad|>"))
     tiny_build.write_build_record(out_dir / "tiny_family.json", spec, started)
+    if device != "cpu":  # where it was trained, and on which Python's stdlib (the corpus)
+        record = json.loads((out_dir / "tiny_family.json").read_text())
+        record.update(device=device, python=platform.python_version())
+        (out_dir / "tiny_family.json").write_text(json.dumps(record, indent=2))
 
 
-def _wrap_as_kimi_k25(out_dir: Path) -> None:
+# The keys of Kimi-K2.5's preprocessor_config.json that vLLM's Kimi-K2.5 image processor reads
+# (MoonViT's patching); it loads them before it serves text, with or without a vision tower.
+KIMI_MEDIA_PROCESSOR = {
+    "patch_size": 14,
+    "merge_kernel_size": [2, 2],
+    "in_patch_limit": 16384,
+    "patch_limit_on_one_side": 512,
+    "in_patch_limit_each_frame": 4096,
+    "in_patch_limit_video": None,
+    "fixed_output_tokens": None,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "temporal_merge_kernel_size": 4,
+}
+
+
+def _wrap_as_kimi_k25(out_dir: Path, media_pad: int) -> None:
     """Re-save a DeepSeek-V3 text model the way Kimi-K2.5's checkpoint is laid out: config
-    `kimi_k25` with the text model under `text_config`, weights under `language_model.*`.
+    `kimi_k25` with the text model under `text_config`, weights under `language_model.*`, the
+    image placeholder's id, and a preprocessor config.
 
     The vision tower is left out (a text-only checkpoint of the wrapper); what it changes is
     where every tool has to look for the text model's tensors and config."""
@@ -438,9 +486,14 @@ def _wrap_as_kimi_k25(out_dir: Path) -> None:
         "projection_hidden_size": 64,
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
+        "media_placeholder_token_id": media_pad,
+        "image_token_id": media_pad,
         **{k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "preprocessor_config.json").write_text(
+        json.dumps({"media_proc_cfg": KIMI_MEDIA_PROCESSOR}, indent=2)
+    )
     weights = load_file(str(out_dir / "model.safetensors"))
     save_file(
         {f"language_model.{name}": t for name, t in weights.items()},
@@ -449,7 +502,30 @@ def _wrap_as_kimi_k25(out_dir: Path) -> None:
     )
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Build tiny family targets: into the cache (prints each folder), or with --out "
+        "into OUT/FAMILY, e.g. on a GPU: --out DIR --device cuda --steps 1500 --batch-size 32 --seq-len 256"
+    )
+    parser.add_argument("families", nargs="*", default=list(FAMILIES))
+    parser.add_argument("--out", type=Path, help="build into OUT/FAMILY instead of the cache")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (with --out)")
+    overrides = ("steps", "batch_size", "seq_len", "learning_rate", "corpus_megabytes")
+    for name in overrides:
+        kind = float if name in ("learning_rate", "corpus_megabytes") else int
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind)
+    args = parser.parse_args(argv)
+    if args.device != "cpu" and not args.out:
+        parser.error("--device needs --out (the cache holds CPU builds of the default specs)")
+    for name in args.families:
+        spec = family_spec(name, **{k: getattr(args, k) for k in overrides if getattr(args, k) is not None})
+        if args.out:
+            build_tiny_family(spec, args.out / name, device=args.device)
+            print(args.out / name)
+        else:
+            print(ensure_tiny_family(name, spec))
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    for name in sys.argv[1:] or list(FAMILIES):
-        print(ensure_tiny_family(name))
+    main()

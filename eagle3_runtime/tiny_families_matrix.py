@@ -44,8 +44,11 @@ RESULTS = DOC.with_name("target-families-results.json")  # the measured numbers 
 PIPELINE_STAGES = ("generate", "extract", "train", "evaluate", "select", "export")
 PIPELINE_TIMEOUT_S = 1800
 HF_ONLY_STEPS = 10
-# Share of generated answers allowed to be one token repeated (an untrained target's output).
+# Share of the answers long enough to loop that may be one or two tokens repeated (an untrained
+# target's output), and share of all answers that may end at once (within LOOP_MIN_TOKENS).
 MAX_DEGENERATE_SHARE = 0.25
+MAX_ENDED_AT_ONCE_SHARE = 0.5
+LOOP_MIN_TOKENS = 8
 
 
 def family_manifest(name: str) -> dict[str, Any]:
@@ -55,7 +58,11 @@ def family_manifest(name: str) -> dict[str, Any]:
         "kind": "DraftTraining",
         "metadata": {"name": f"family-{name.replace('.', '-')}"},
         "spec": {
-            "target": {"model": "pvc://models/target", "maxModelLen": 1024},
+            "target": {
+                "model": "pvc://models/target",
+                "maxModelLen": 1024,
+                **({"extraArgs": list(FAMILIES[name].vllm_args)} if FAMILIES[name].vllm_args else {}),
+            },
             "data": {
                 "sources": [
                     {"claimName": "prompts", "path": "train/chat-continue.jsonl", "mode": "chat"},
@@ -158,14 +165,32 @@ def run_pipeline(name: str, target: Path, work: Path, prompts: Path, results: di
     with (work / "pipeline.log").open("w") as out:
         subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=PIPELINE_TIMEOUT_S, check=False)
     results["measured"]["pipeline_seconds"] = round(time.monotonic() - started, 1)
+    record_stages(work, results)
+
+
+def record_stages(work: Path, results: dict) -> None:
+    """Each stage's outcome from the pipeline's files in `work`, and the acceptance measured."""
+    workspace = work / "ws"
+    # A stage that raised wrote no result of its own: the pipeline's result says why it stopped.
+    pipeline_result = work / "result.json"
+    stopped = json.loads(pipeline_result.read_text()) if pipeline_result.exists() else {}
     for stage in PIPELINE_STAGES:
         path = workspace / "results" / f"{stage}.json"
         if not path.exists():
-            results["stages"][stage] = {"ok": False, "error": "not reached"}
+            if stopped and not stopped.get("ok", True):
+                results["stages"][stage] = {
+                    "ok": False,
+                    "error": stopped.get("message", "")[:400],
+                    "vllm_error": vllm_error(workspace / "logs"),
+                }
+                stopped = {}  # the stages after it were not reached
+            else:
+                results["stages"][stage] = {"ok": False, "error": "not reached"}
             continue
         stage_result = json.loads(path.read_text())
         entry = {"ok": bool(stage_result.get("ok", True))}
         if not entry["ok"]:
+            stopped = {}  # this stage says why it failed; the pipeline stopped after it
             entry["error"] = stage_result.get("message", "")[:400]
             entry["vllm_error"] = vllm_error(workspace / "logs")
         results["stages"][stage] = entry
@@ -181,23 +206,34 @@ def run_pipeline(name: str, target: Path, work: Path, prompts: Path, results: di
 
 def outputs_have_structure(work: Path, results: dict) -> None:
     """The target's generated answers are not one token repeated (acceptance of such a target is
-    trivially perfect and says nothing about the draft)."""
+    trivially perfect and says nothing about the draft), and most say something (an answer that
+    ends at once, its stop token only, gives the draft nothing to learn or to be measured on)."""
     from eagle3_runtime.conversations import iter_records
 
     answers = []
     for record in iter_records(work / "ws" / "data"):
         answers += [g["completion_token_ids"] for g in record.generations or []]
         answers += [record.completion_token_ids] if record.completion_token_ids else []
-    degenerate = sum(len(set(a)) <= 2 for a in answers if a) / max(1, len(answers))
+    long_enough = [a for a in answers if len(a) >= LOOP_MIN_TOKENS]
+    degenerate = sum(len(set(a)) <= 2 for a in long_enough) / max(1, len(long_enough))
+    ended_at_once = 1 - len(long_enough) / max(1, len(answers))
     distinct = sum(len(set(a)) / len(a) for a in answers if a) / max(1, len(answers))
     results["measured"].update(
-        degenerate_answer_share=round(degenerate, 3), distinct_token_ratio=round(distinct, 3)
+        degenerate_answer_share=round(degenerate, 3),
+        ended_at_once_share=round(ended_at_once, 3),
+        distinct_token_ratio=round(distinct, 3),
     )
     if degenerate > MAX_DEGENERATE_SHARE:
-        raise AssertionError(f"{degenerate:.0%} of the target's answers repeat one or two tokens")
+        raise AssertionError(
+            f"{degenerate:.0%} of the target's answers of {LOOP_MIN_TOKENS}+ tokens repeat one or two tokens"
+        )
+    if ended_at_once > MAX_ENDED_AT_ONCE_SHARE:
+        raise AssertionError(
+            f"{ended_at_once:.0%} of the target's answers end within {LOOP_MIN_TOKENS} tokens"
+        )
 
 
-def vllm_serves_with_a_draft(target: Path, work: Path, results: dict) -> None:
+def vllm_serves_with_a_draft(name: str, target: Path, work: Path, results: dict) -> None:
     """For a family not taken through the pipeline: one vLLM start serving the target with an
     untrained draft exported for it (acceptance means nothing then; serving at all is the check),
     and one request."""
@@ -217,7 +253,12 @@ def vllm_serves_with_a_draft(target: Path, work: Path, results: dict) -> None:
     directory = write_eagle3_dir(work / "untrained-draft", draft.trainable_state_dict(), draft.config)
     speculative = {"method": "eagle3", "model": str(directory), "num_speculative_tokens": 3}
     logs = work / "logs"
-    with VLLMServer(target, log_path=logs / "probe-vllm.log", speculative_config=speculative) as server:
+    with VLLMServer(
+        target,
+        log_path=logs / "probe-vllm.log",
+        speculative_config=speculative,
+        extra_args=FAMILIES[name].vllm_args,
+    ) as server:
         reply = httpx.post(
             f"{server.url}/v1/completions",
             timeout=300,
@@ -267,14 +308,15 @@ def offline_matches_online(target: Path, work: Path, results: dict) -> None:
     del torch
 
 
-def export_speculators(target: Path, work: Path) -> Path:
-    out = work / "export-speculators"
+def export_draft(target: Path, work: Path, fmt: str, checkpoint: str) -> Path:
+    """`eagle3 export` of `checkpoint` (best, or step-N) in format `fmt`; the published folder."""
+    out = work / f"export-{fmt}-{checkpoint}"
     command = [sys.executable, "-m", "eagle3_runtime.cli", "export"]
     command += flags(
         {
             "--workspace": work / "ws",
-            "--checkpoint": "best",
-            "--format": "speculators",
+            "--checkpoint": checkpoint,
+            "--format": fmt,
             "--output": out,
             "--target": target,
         }
@@ -285,9 +327,18 @@ def export_speculators(target: Path, work: Path) -> Path:
     return out / "latest"
 
 
-def vllm_loader_expectations(name: str, target: Path, work: Path, results: dict) -> None:
-    """Both exports against what vLLM reads: the target architecture's SupportsEagle3 in vLLM's
-    registry, its speculators config reader, and tensor names and shapes that fit the target."""
+def last_checkpoint(work: Path) -> str | None:
+    """step-N of the last training checkpoint in the family's workspace (None: there is none)."""
+    steps = sorted(int(p.name.removeprefix("step-")) for p in (work / "ws" / "checkpoints").glob("step-*"))
+    return f"step-{steps[-1]}" if steps else None
+
+
+def vllm_loader_expectations(
+    name: str, target: Path, work: Path, results: dict, checkpoint: str = "best"
+) -> None:
+    """Both exports of `checkpoint` against what vLLM reads: the target architecture's SupportsEagle3
+    in vLLM's registry, its speculators config reader, and tensor names and shapes that fit the
+    target. `best` is the pipeline's own export (and the speculators format of the same step)."""
     from safetensors import safe_open
     from vllm.model_executor.models.interfaces import supports_eagle3
     from vllm.model_executor.models.registry import ModelRegistry
@@ -302,7 +353,12 @@ def vllm_loader_expectations(name: str, target: Path, work: Path, results: dict)
     if not supports_eagle3(model_cls):
         raise AssertionError(f"vLLM's {model_cls.__name__} does not implement SupportsEagle3")
     target_config = load_target_config(str(target))
-    exports = {"eagle3": work / "ws" / "export" / "latest", "speculators": export_speculators(target, work)}
+    exports = {
+        "eagle3": work / "ws" / "export" / "latest"
+        if checkpoint == "best"
+        else export_draft(target, work, "eagle3", checkpoint),
+        "speculators": export_draft(target, work, "speculators", checkpoint),
+    }
     for fmt, directory in exports.items():
         raw = json.loads((directory / "config.json").read_text())
         if fmt == "speculators":
@@ -373,7 +429,7 @@ def run_family(
         return results
     _check(results, "hf_hidden_states", hf_hidden_states, target, results)
     if serve_probe:
-        _check(results, "vllm_serves_with_a_draft", vllm_serves_with_a_draft, target, work, results)
+        _check(results, "vllm_serves_with_a_draft", vllm_serves_with_a_draft, name, target, work, results)
         if not results["checks"]["vllm_serves_with_a_draft"]["ok"]:
             results["checks"]["vllm_serves_with_a_draft"]["vllm_error"] = vllm_error(work / "logs")
     if pipeline:
@@ -384,12 +440,47 @@ def run_family(
             _check(results, "offline_matches_online", offline_matches_online, target, work, results)
         if results["stages"].get("export", {}).get("ok"):
             _check(results, "vllm_loader_expectations", vllm_loader_expectations, name, target, work, results)
+        elif results["stages"].get("train", {}).get("ok") and (last := last_checkpoint(work)):
+            # The pipeline stopped after training (vLLM could not evaluate): what it trained is
+            # still exported and checked against vLLM's loaders, and the row says so.
+            results["measured"]["exported_checkpoint"] = last
+            _check(
+                results,
+                "vllm_loader_expectations",
+                vllm_loader_expectations,
+                name,
+                target,
+                work,
+                results,
+                last,
+            )
     results["measured"]["seconds"] = round(time.monotonic() - started, 1)
-    results["supported"] = (
+    results["supported"] = supported(results)
+    return results
+
+
+def supported(results: dict) -> bool:
+    """Every check passed and every stage ran."""
+    return (
         all(c["ok"] for c in results["checks"].values())
         and len(results["stages"]) == len(PIPELINE_STAGES)
         and all(s["ok"] for s in results["stages"].values())
     )
+
+
+def recheck(results: list[dict], work: Path) -> list[dict]:
+    """The recorded rows with the checks that read only a run's files done again on those files
+    (stage outcomes, the target's answers), for rows whose run's folder is still in `work`: a
+    check changed, the pipeline did not run again. The measured seconds stay the run's."""
+    for row in results:
+        folder = work / row["family"]
+        if not row["stages"] or not (folder / "ws").is_dir():
+            continue
+        record_stages(folder, row)
+        row["checks"].pop("target_outputs_have_structure", None)
+        if row["stages"]["generate"]["ok"]:
+            _check(row, "target_outputs_have_structure", outputs_have_structure, folder, row)
+        row["supported"] = supported(row)
     return results
 
 
@@ -435,17 +526,26 @@ def render_matrix(results: list[dict]) -> str:
         "",
         "Columns: *HF hidden states* is the `online` extraction mode (the target in the trainer's",
         "process) checked against Hugging Face's `output_hidden_states` and logits; *extract* is the",
-        "`offline` mode through vLLM; *target outputs have structure* checks that the target's generated",
-        "answers are not one token repeated (acceptance on such a target means nothing); *vLLM states =",
+        "`offline` mode through vLLM; *target outputs have structure* checks the target's generated",
+        f"answers (greedy): of those of {LOOP_MIN_TOKENS} tokens or more, at most {MAX_DEGENERATE_SHARE:.0%}"
+        " are one or two tokens repeated",
+        f"(acceptance on such a target means nothing), and at most {MAX_ENDED_AT_ONCE_SHARE:.0%} of all"
+        f" end within {LOOP_MIN_TOKENS} tokens",
+        "(nothing to learn from); *vLLM states =",
         "HF states* compares the two extraction paths on the same tokens; *export fits vLLM's loader*",
         "checks both export formats against vLLM's SpeculatorsConfig reader, the target class's",
         "SupportsEagle3 in vLLM's registry, and the tensor shapes the target implies. The `streaming`",
         "mode uses the same vLLM extraction as `offline` and is not repeated per family. *not run* /",
         "*not measured*: the recorded run did not take that family or stage through. *vLLM serves it",
         "with an untrained draft*: one vLLM start with the target and an EAGLE-3 draft made for it, and",
-        "one request, for a family not taken through the pipeline. A family checked on",
+        "one request, for a family not taken through the pipeline. *not reached*: the pipeline stopped",
+        "at an earlier stage; where training had run, its last checkpoint is exported by `eagle3 export`",
+        "alone and checked against vLLM's loaders (*last checkpoint exported*). A family checked on",
         "the Hugging Face side only is built with few training steps (those checks do not need a trained",
-        "target).",
+        "target). A step count marked *(cuda)*: that target was trained on a GPU (`python -m",
+        "eagle3_runtime.tiny_families --out DIR --device cuda ...`, its spec in the results file), long",
+        "enough for its answers to have structure, which 2 CPU cores cannot do in a session; everything",
+        "after the build ran here.",
         "",
         "| family | architecture | target training steps | supported | HF hidden states | "
         + " | ".join(PIPELINE_STAGES)
@@ -457,16 +557,20 @@ def render_matrix(results: list[dict]) -> str:
         checks, stages = r["checks"], r["stages"]
 
         def cell(entry: dict | None) -> str:
-            return "not run" if entry is None else MARK[entry["ok"]]
+            if entry is None:
+                return "not run"
+            return "not reached" if entry.get("error") == "not reached" else MARK[entry["ok"]]
 
         row = [
             r["family"],
             f"`{r['architecture']}`",
-            str(r["target"]["steps"]) if "target" in r else "-",
+            _target_steps(r.get("target")),
             MARK[r["supported"]] if checks else "not measured",
             cell(checks.get("hf_hidden_states")),
         ]
         row += [cell(stages.get(s)) for s in PIPELINE_STAGES]
+        if "exported_checkpoint" in r["measured"]:  # the pipeline stopped; `eagle3 export` ran alone
+            row[-1] += " (last checkpoint exported)"
         row += [
             cell(checks.get(c))
             for c in (
@@ -484,6 +588,14 @@ def render_matrix(results: list[dict]) -> str:
     if errors:
         lines += ["", "## What failed, in the failing tool's own words", "", *errors]
     return "\n".join(lines) + "\n"
+
+
+def _target_steps(target: dict | None) -> str:
+    """The target's training steps, and where they ran when not on this machine's CPU."""
+    if target is None:
+        return "-"
+    device = target.get("device", "cpu")
+    return str(target["steps"]) if device == "cpu" else f"{target['steps']} ({device})"
 
 
 def _normalise(text: str) -> str:
@@ -518,6 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=DOC)
     parser.add_argument("--render-only", action="store_true", help="rewrite the doc from the results file")
     parser.add_argument(
+        "--recheck",
+        action="store_true",
+        help="do the checks that read a run's files again on the recorded runs' folders in --work "
+        "(stage outcomes, the target's answers), then rewrite the results and the doc",
+    )
+    parser.add_argument(
         "--combine",
         nargs="*",
         type=Path,
@@ -535,7 +653,10 @@ def main(argv: list[str] | None = None) -> int:
             if probe and not probe["ok"] and (args.work / name / "logs").is_dir():
                 probe["vllm_error"] = vllm_error(args.work / name / "logs")
         args.results.write_text(json.dumps(list(rows.values()), indent=2) + "\n")
-    if args.render_only or args.combine:
+    if args.recheck:
+        rows = recheck(json.loads(args.results.read_text()), args.work)
+        args.results.write_text(json.dumps(rows, indent=2) + "\n")
+    if args.render_only or args.combine or args.recheck:
         args.doc.write_text(render_matrix(json.loads(args.results.read_text())))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

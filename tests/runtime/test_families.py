@@ -15,7 +15,7 @@ from eagle3_runtime.export import verifier_architectures
 from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.target import TargetHead, load_target_config, load_target_embeddings
 from eagle3_runtime.tiny_families import CHAT_SHAPES, FAMILIES, REASONING_FAMILIES
-from eagle3_runtime.tiny_families_matrix import DOC, PIPELINE_STAGES, RESULTS, render_matrix
+from eagle3_runtime.tiny_families_matrix import DOC, PIPELINE_STAGES, RESULTS, record_stages, render_matrix
 
 
 def _render(template: str, messages, **kwargs) -> str:
@@ -111,3 +111,20 @@ def test_the_doc_is_the_matrix_of_the_recorded_run():
         if r.get("supported"):
             assert all(r["stages"][s]["ok"] for s in PIPELINE_STAGES)
             assert r["measured"]["acceptance_length"] > 1.0, r
+
+
+def test_a_stage_that_raised_is_a_failure_in_the_pipelines_words_and_the_rest_not_reached(tmp_path):
+    """A stage that raised wrote no result of its own: the matrix must show it failed (with the
+    pipeline's message), not as "not reached" like the stages after it."""
+    results_dir = tmp_path / "ws" / "results"
+    results_dir.mkdir(parents=True)
+    (results_dir / "generate.json").write_text(json.dumps({"stage": "generate", "ok": True}))
+    (tmp_path / "result.json").write_text(
+        json.dumps({"stage": "pipeline", "ok": False, "message": "RejectedRequest: HTTP 400"})
+    )
+    row = {"stages": {}, "measured": {}}
+    record_stages(tmp_path, row)
+    assert row["stages"]["generate"] == {"ok": True}
+    assert row["stages"]["extract"]["ok"] is False
+    assert row["stages"]["extract"]["error"] == "RejectedRequest: HTTP 400"
+    assert all(row["stages"][s] == {"ok": False, "error": "not reached"} for s in PIPELINE_STAGES[2:])
