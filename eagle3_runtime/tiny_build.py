@@ -253,8 +253,9 @@ def _write_portable_tokenizer_config(out_dir: Path, chat_template: str) -> None:
     path.write_text(json.dumps(config, indent=2))
 
 
-def write_build_record(path: Path, spec: Any, started: float) -> None:
-    """The spec a target was built from and how long the build took (`started`: time.monotonic())."""
+def write_build_record(path: Path, spec: Any, started: float, **extra: Any) -> None:
+    """The spec a target was built from, how long the build took (`started`: time.monotonic()),
+    and `extra` fields (where it was built)."""
     path.write_text(
-        json.dumps({**asdict(spec), "build_seconds": round(time.monotonic() - started, 1)}, indent=2)
+        json.dumps({**asdict(spec), "build_seconds": round(time.monotonic() - started, 1), **extra}, indent=2)
     )

@@ -437,11 +437,9 @@ def build_tiny_family(spec: TinyFamilySpec, out_dir: Path, device: str = "cpu") 
     tiny_build.save_target(model, tokenizer, out_dir, stop_ids=sorted(stop_ids))
     if family.wrapper == "kimi_k25":
         _wrap_as_kimi_k25(out_dir, media_pad=tokenizer.convert_tokens_to_ids("<|media_pad|>"))
-    tiny_build.write_build_record(out_dir / "tiny_family.json", spec, started)
-    if device != "cpu":  # where it was trained, and on which Python's stdlib (the corpus)
-        record = json.loads((out_dir / "tiny_family.json").read_text())
-        record.update(device=device, python=platform.python_version())
-        (out_dir / "tiny_family.json").write_text(json.dumps(record, indent=2))
+    # Off this machine's CPU: where it was trained, and on which Python's stdlib (the corpus).
+    elsewhere = {"device": device, "python": platform.python_version()} if device != "cpu" else {}
+    tiny_build.write_build_record(out_dir / "tiny_family.json", spec, started, **elsewhere)
 
 
 # The keys of Kimi-K2.5's preprocessor_config.json that vLLM's Kimi-K2.5 image processor reads
