@@ -269,23 +269,49 @@ def vllm_serves_with_a_draft(name: str, target: Path, work: Path, results: dict)
 
 
 # vLLM's own wrappers around the error that stopped it: the line before them is the cause.
-GENERIC_VLLM_ERRORS = ("Engine core initialization failed", "WorkerProc initialization failed")
+GENERIC_VLLM_ERRORS = (
+    "Engine core initialization failed",
+    "WorkerProc initialization failed",
+    "Worker failed with error '',",  # the worker's exception had no message: the line above says it
+    "EngineCore encountered an issue",
+)
 
 
 def vllm_error(logs: Path) -> str | None:
     """The exception that stopped vLLM, in its own words (the support table quotes them): the last
     one logged that is not one of vLLM's generic wrappers, from a process's traceback or its
-    `ERROR [file:line]` log line."""
-    pattern = re.compile(
-        r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^\]]+\] )?(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$"
-    )
+    `ERROR [file:line]` log line. A bare exception (an `assert` that failed) is quoted with the
+    source line that raised it and where that line is."""
+    prefix = r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^\]]+\] )?"
+    with_message = re.compile(prefix + r"(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
+    bare = re.compile(prefix + r"(\w+(?:\.\w+)*(?:Error|Exception))$")
+    frame = re.compile(prefix + r'\s*File "(?:.*/site-packages/)?([^"]+)", line (\d+)')
     found = None
     for log_file in sorted(logs.glob("*vllm*.log"), key=lambda p: p.stat().st_mtime):
-        for line in log_file.read_text(errors="replace").splitlines():
-            match = pattern.match(line.strip())
+        lines = log_file.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines):
+            match = with_message.match(line.strip())
             if match and not match.group(2).startswith(GENERIC_VLLM_ERRORS):
                 found = f"{match.group(1)}: {match.group(2)}"[:300]
+            elif (match := bare.match(line.strip())) and (
+                cause := _raising_line(lines[:number], prefix, frame)
+            ):
+                found = f"{match.group(1)}: {cause}"[:300]
     return found
+
+
+def _raising_line(before: list[str], prefix: str, frame: re.Pattern) -> str | None:
+    """The traceback's last frame above a bare exception: its source line, module and line number
+    (a module name, not a path: the doc drops paths as run-specific)."""
+    source = None
+    for line in reversed(before):
+        text = re.sub(prefix, "", line.strip()).strip()
+        if (where := frame.match(line.strip())) is not None:
+            module = where.group(1).removesuffix(".py").replace("/", ".")
+            return f"{source} ({module}, line {where.group(2)})" if source else None
+        if text and set(text) - set("^~ "):
+            source = text
+    return None
 
 
 def offline_matches_online(target: Path, work: Path, results: dict) -> None:

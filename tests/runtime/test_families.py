@@ -15,7 +15,14 @@ from eagle3_runtime.export import verifier_architectures
 from eagle3_runtime.model.config import resolve_layer_ids
 from eagle3_runtime.target import TargetHead, load_target_config, load_target_embeddings
 from eagle3_runtime.tiny_families import CHAT_SHAPES, FAMILIES, REASONING_FAMILIES
-from eagle3_runtime.tiny_families_matrix import DOC, PIPELINE_STAGES, RESULTS, record_stages, render_matrix
+from eagle3_runtime.tiny_families_matrix import (
+    DOC,
+    PIPELINE_STAGES,
+    RESULTS,
+    record_stages,
+    render_matrix,
+    vllm_error,
+)
 
 
 def _render(template: str, messages, **kwargs) -> str:
@@ -128,3 +135,29 @@ def test_a_stage_that_raised_is_a_failure_in_the_pipelines_words_and_the_rest_no
     assert row["stages"]["extract"]["ok"] is False
     assert row["stages"]["extract"]["error"] == "RejectedRequest: HTTP 400"
     assert all(row["stages"][s] == {"ok": False, "error": "not reached"} for s in PIPELINE_STAGES[2:])
+
+
+def test_a_failed_assert_in_vllm_is_quoted_with_its_source_line(tmp_path):
+    """A bare AssertionError says nothing; the table quotes the line that raised it and where, not
+    the wrappers vLLM logs after it (lines as vLLM 0.32's CPU worker logged them for MiniMax-M2)."""
+    worker = "(Worker pid=10774) ERROR 12-07 17:25:36 [multiproc_executor.py:1063] "
+    site = "/venv/lib/python3.11/site-packages/vllm/model_executor/layers/fused_moe/router/cpu_router.py"
+    (tmp_path / "generate-vllm.log").write_text(
+        "\n".join(
+            [
+                worker + "Traceback (most recent call last):",
+                worker + f'  File "{site}", line 239, in _compute_routing',
+                worker + '    assert self.scoring_func == "softmax"',
+                worker + "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+                worker + "AssertionError",
+                "(EngineCore pid=10755) ERROR 12-07 17:25:36 [core.py:1512] RuntimeError: Worker failed "
+                "with error '', please check the stack trace above for the root cause",
+                "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace",
+            ]
+        )
+        + "\n"
+    )
+    assert vllm_error(tmp_path) == (
+        'AssertionError: assert self.scoring_func == "softmax" '
+        "(vllm.model_executor.layers.fused_moe.router.cpu_router, line 239)"
+    )
