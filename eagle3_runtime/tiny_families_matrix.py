@@ -277,39 +277,40 @@ GENERIC_VLLM_ERRORS = (
 )
 
 
+# A line of a vLLM log: the process and log-record prefix vLLM may put before it, then the text.
+_LOG_PREFIX = r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^\]]+\] )?"
+_EXCEPTION_WITH_MESSAGE = re.compile(_LOG_PREFIX + r"(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
+_BARE_EXCEPTION = re.compile(_LOG_PREFIX + r"(\w+(?:\.\w+)*(?:Error|Exception))$")
+_TRACEBACK_FRAME = re.compile(_LOG_PREFIX + r'\s*File "(?:.*/site-packages/)?([^"]+)", line (\d+)')
+
+
 def vllm_error(logs: Path) -> str | None:
     """The exception that stopped vLLM, in its own words (the support table quotes them): the last
     one logged that is not one of vLLM's generic wrappers, from a process's traceback or its
     `ERROR [file:line]` log line. A bare exception (an `assert` that failed) is quoted with the
     source line that raised it and where that line is."""
-    prefix = r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^\]]+\] )?"
-    with_message = re.compile(prefix + r"(\w+(?:\.\w+)*(?:Error|Exception)): (.+)$")
-    bare = re.compile(prefix + r"(\w+(?:\.\w+)*(?:Error|Exception))$")
-    frame = re.compile(prefix + r'\s*File "(?:.*/site-packages/)?([^"]+)", line (\d+)')
     found = None
     for log_file in sorted(logs.glob("*vllm*.log"), key=lambda p: p.stat().st_mtime):
-        lines = log_file.read_text(errors="replace").splitlines()
+        lines = [line.strip() for line in log_file.read_text(errors="replace").splitlines()]
         for number, line in enumerate(lines):
-            match = with_message.match(line.strip())
+            match = _EXCEPTION_WITH_MESSAGE.match(line)
             if match and not match.group(2).startswith(GENERIC_VLLM_ERRORS):
                 found = f"{match.group(1)}: {match.group(2)}"[:300]
-            elif (match := bare.match(line.strip())) and (
-                cause := _raising_line(lines[:number], prefix, frame)
-            ):
+            elif (match := _BARE_EXCEPTION.match(line)) and (cause := _raising_line(lines[:number])):
                 found = f"{match.group(1)}: {cause}"[:300]
     return found
 
 
-def _raising_line(before: list[str], prefix: str, frame: re.Pattern) -> str | None:
+def _raising_line(before: list[str]) -> str | None:
     """The traceback's last frame above a bare exception: its source line, module and line number
     (a module name, not a path: the doc drops paths as run-specific)."""
     source = None
     for line in reversed(before):
-        text = re.sub(prefix, "", line.strip()).strip()
-        if (where := frame.match(line.strip())) is not None:
+        if (where := _TRACEBACK_FRAME.match(line)) is not None:
             module = where.group(1).removesuffix(".py").replace("/", ".")
             return f"{source} ({module}, line {where.group(2)})" if source else None
-        if text and set(text) - set("^~ "):
+        text = re.sub(_LOG_PREFIX, "", line).strip()
+        if text and set(text) - set("^~ "):  # not the caret line under the source
             source = text
     return None
 
@@ -354,8 +355,11 @@ def export_draft(target: Path, work: Path, fmt: str, checkpoint: str) -> Path:
 
 
 def last_checkpoint(work: Path) -> str | None:
-    """step-N of the last training checkpoint in the family's workspace (None: there is none)."""
-    steps = sorted(int(p.name.removeprefix("step-")) for p in (work / "ws" / "checkpoints").glob("step-*"))
+    """step-N of the last complete training checkpoint in the family's workspace (None: none)."""
+    from eagle3_api.workspace import Workspace
+    from eagle3_runtime.train.checkpoint import complete_checkpoints
+
+    steps = complete_checkpoints(Workspace(work / "ws"))
     return f"step-{steps[-1]}" if steps else None
 
 
